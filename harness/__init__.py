@@ -1,0 +1,25 @@
+"""ddqn-harness: a TF-Agents experiment harness for DQN-family agents."""
+
+import contextlib
+import io
+import os
+
+# TensorFlow's C++ start-up chatter (CUDA probing on a CPU machine) would bury
+# our one-line errors on stderr; users can set TF_CPP_MIN_LOG_LEVEL themselves.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+# tf-agents 0.19 imports the unmaintained `gym` (we use gymnasium), which prints
+# a deprecation banner on stderr at import time: import it once, silently.
+with contextlib.redirect_stderr(io.StringIO()):
+  try:
+    import gym  # pylint: disable=unused-import
+  except ImportError:
+    pass
+
+
+def quiet_tensorflow_logs() -> None:
+  """Keeps TensorFlow's own INFO lines (SavedModel writing) out of our log."""
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  import warnings  # pylint: disable=g-import-not-at-top
+  std_logging.getLogger('tensorflow').setLevel(std_logging.WARNING)
+  warnings.filterwarnings('ignore', message='Encoding a StructuredValue')

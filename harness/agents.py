@@ -1,0 +1,166 @@
+"""The DdqnAgent: Q-network, optimizer, and an epsilon that can change after tracing."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import gin
+import tensorflow as tf
+from tf_agents.agents.dqn import dqn_agent
+from tf_agents.networks import sequential
+from tf_agents.specs import tensor_spec
+from tf_agents.trajectories import time_step as ts
+from tf_agents.utils import common
+
+from harness.errors import UsageError
+
+
+class EpsilonSchedule(tf.Module):
+  """Collect epsilon held in variables: linear decay from `start` to `end`.
+
+  The collect policy calls this object inside its traced graph, so assigning new
+  values (a resume with new bindings) takes effect without a retrace; a Python
+  float would be frozen into the graph. The decay runs over env steps, read from
+  `env_steps` (the run's env-step counter variable).
+  """
+
+  def __init__(self, env_steps: tf.Variable, end: float, start: float,
+               decay_steps: int):
+    super().__init__(name='epsilon_schedule')
+    self.env_steps = env_steps
+    self.start = tf.Variable(start, dtype=tf.float32, name='start')
+    self.end = tf.Variable(end, dtype=tf.float32, name='end')
+    self.decay_steps = tf.Variable(decay_steps, dtype=tf.int64, name='decay_steps')
+
+  def assign(self, end: float, start: float, decay_steps: int) -> None:
+    self.start.assign(start)
+    self.end.assign(end)
+    self.decay_steps.assign(decay_steps)
+
+  def settings(self) -> dict:
+    return {'epsilon_greedy': float(self.end.numpy()),
+            'epsilon_start': float(self.start.numpy()),
+            'epsilon_decay_steps': int(self.decay_steps.numpy())}
+
+  def __call__(self) -> tf.Tensor:
+    steps = tf.cast(tf.maximum(self.decay_steps, 1), tf.float32)
+    progress = tf.minimum(tf.cast(self.env_steps, tf.float32) / steps, 1.0)
+    decayed = self.start + (self.end - self.start) * progress
+    return tf.where(self.decay_steps > 0, decayed, self.end)
+
+
+def _q_network(observation_spec, action_spec, fc_layer_params: Sequence[int],
+               conv_layer_params: Optional[Sequence[Tuple[int, int, int]]]):
+  """An MLP (or Nature-style CNN + MLP) that outputs one Q-value per action."""
+  num_actions = int(action_spec.maximum - action_spec.minimum + 1)
+  layers = []
+  if observation_spec.dtype == tf.uint8:
+    # Images are stored as uint8 (4x smaller replay); scale inside the network.
+    layers.append(tf.keras.layers.Lambda(lambda x: tf.cast(x, tf.float32) / 255.0))
+  for filters, kernel, stride in conv_layer_params or ():
+    layers.append(tf.keras.layers.Conv2D(filters, kernel, stride, activation='relu'))
+  if len(observation_spec.shape) > 1 or conv_layer_params:
+    layers.append(tf.keras.layers.Flatten())
+  for units in fc_layer_params:
+    layers.append(tf.keras.layers.Dense(units, activation='relu'))
+  layers.append(tf.keras.layers.Dense(
+      num_actions,
+      kernel_initializer=tf.keras.initializers.RandomUniform(-0.03, 0.03),
+      bias_initializer=tf.keras.initializers.Constant(-0.2)))
+  return sequential.Sequential(layers, input_spec=observation_spec, name='QNetwork')
+
+
+_LOSSES = {'huber': common.element_wise_huber_loss,
+           'mse': common.element_wise_squared_loss}
+
+
+def check_epsilon(name: str, value: float) -> None:
+  if not 0.0 <= value <= 1.0:
+    raise UsageError(f'make_agent.{name}={value} is outside [0, 1]: epsilon is a '
+                     'probability, e.g. make_agent.epsilon_greedy=0.05')
+
+
+@gin.configurable
+def make_agent(time_step_spec: ts.TimeStep,
+               action_spec,
+               train_step: tf.Variable,
+               env_steps: tf.Variable,
+               fc_layer_params: Sequence[int] = (100,),
+               conv_layer_params: Optional[Sequence[Tuple[int, int, int]]] = None,
+               learning_rate: float = 1e-3,
+               adam_epsilon: float = 1e-7,
+               gamma: float = 0.99,
+               n_step_update: int = 1,
+               target_update_tau: float = 1.0,
+               target_update_period: int = 100,
+               gradient_clipping: Optional[float] = None,
+               td_errors_loss_fn: str = 'huber',
+               reward_scale_factor: float = 1.0,
+               epsilon_greedy: float = 0.1,
+               epsilon_start: float = 1.0,
+               epsilon_decay_steps: int = 0) -> dqn_agent.DdqnAgent:
+  """Builds a DdqnAgent whose collect epsilon and learning rate live in variables.
+
+  Args:
+    time_step_spec, action_spec: tensor specs of the environment.
+    train_step: the run's train-step counter (checkpointed).
+    env_steps: the run's env-step counter; drives the epsilon decay.
+    fc_layer_params: hidden layer sizes of the MLP (after the conv stack).
+    conv_layer_params: (filters, kernel, stride) per conv layer, or None.
+    learning_rate, adam_epsilon: Adam settings.
+    gamma: discount factor.
+    n_step_update: n of the n-step TD target (replay stores n+1 steps).
+    target_update_tau, target_update_period: soft/hard target network update.
+    gradient_clipping: global-norm clip of the gradients, or None.
+    td_errors_loss_fn: 'huber' (default) or 'mse'.
+    reward_scale_factor: multiplies rewards in the TD target.
+    epsilon_greedy: collect epsilon (the final value when decaying).
+    epsilon_start, epsilon_decay_steps: linear decay over that many env steps;
+      0 means a constant `epsilon_greedy`.
+  """
+  for name, value in (('epsilon_greedy', epsilon_greedy), ('epsilon_start', epsilon_start)):
+    check_epsilon(name, value)
+  if td_errors_loss_fn not in _LOSSES:
+    raise UsageError(f'make_agent.td_errors_loss_fn={td_errors_loss_fn!r} is unknown: '
+                     f"use one of {sorted(_LOSSES)}")
+  if learning_rate <= 0:
+    raise UsageError(f'make_agent.learning_rate={learning_rate} must be positive, e.g. 1e-3')
+  if n_step_update < 1:
+    raise UsageError(f'make_agent.n_step_update={n_step_update} must be at least 1')
+  if epsilon_decay_steps < 0:
+    raise UsageError(f'make_agent.epsilon_decay_steps={epsilon_decay_steps} must be >= 0 '
+                     '(0 means a constant epsilon_greedy)')
+
+  q_net = _q_network(time_step_spec.observation, action_spec, fc_layer_params,
+                     conv_layer_params)
+  epsilon = EpsilonSchedule(env_steps, epsilon_greedy, epsilon_start, epsilon_decay_steps)
+  optimizer = tf.keras.optimizers.Adam(learning_rate=learning_rate, epsilon=adam_epsilon)
+  agent = dqn_agent.DdqnAgent(
+      time_step_spec,
+      action_spec,
+      q_network=q_net,
+      optimizer=optimizer,
+      epsilon_greedy=epsilon,
+      n_step_update=n_step_update,
+      target_update_tau=target_update_tau,
+      target_update_period=target_update_period,
+      td_errors_loss_fn=_LOSSES[td_errors_loss_fn],
+      gamma=gamma,
+      reward_scale_factor=reward_scale_factor,
+      gradient_clipping=gradient_clipping,
+      train_step_counter=train_step)
+  agent.initialize()
+  # Create Adam's slot variables now: otherwise the first call of the compiled
+  # train function creates them and traces twice; it also lets a checkpoint
+  # restore them at once instead of deferring.
+  optimizer.build(q_net.trainable_variables)
+  # Tracked by the collect policy, so the checkpoint and the exported collect
+  # policy both carry the schedule's variables.
+  agent.collect_policy.epsilon_schedule = epsilon
+  agent.epsilon_schedule = epsilon
+  return agent
+
+
+def learning_rate_variable(agent: dqn_agent.DdqnAgent) -> tf.Variable:
+  """The optimizer's live learning-rate variable (restored by checkpoints)."""
+  return agent._optimizer.learning_rate  # pylint: disable=protected-access

@@ -1,0 +1,163 @@
+"""Gymnasium environments as tf-agents `PyEnvironment`s.
+
+tf-agents 0.19 only knows the old `gym` API (one `done` flag), so this module
+holds our own adapter for gymnasium's `terminated` / `truncated` pair:
+`terminated` ends the episode with discount 0 (no bootstrap), `truncated` ends it
+with discount 1 so that the TD target still bootstraps from the last observation.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Callable, Optional, Sequence
+
+import gin
+import gymnasium as gym
+import numpy as np
+from tf_agents.environments import batched_py_environment
+from tf_agents.environments import py_environment
+from tf_agents.specs import array_spec
+from tf_agents.trajectories import time_step as ts
+
+from harness.errors import UsageError
+
+# Gymnasium wrappers applied around the base env, innermost first. Atari
+# preprocessing plugs in here (see gin/ddqn_atari.gin).
+EnvWrapper = Callable[[gym.Env], gym.Env]
+
+
+def _observation_spec(space: gym.Space) -> array_spec.ArraySpec:
+  if not isinstance(space, gym.spaces.Box):
+    raise UsageError(
+        f'observation space {space} is not supported; use an environment with a '
+        'Box observation space (or wrap it with gymnasium.wrappers.FlattenObservation)')
+  dtype = np.dtype(space.dtype)
+  low, high = np.asarray(space.low), np.asarray(space.high)
+  if np.all(np.isfinite(low)) and np.all(np.isfinite(high)):
+    # Scalar bounds when uniform keep the spec (and the gin-printed config) small.
+    low = low.flat[0] if np.all(low == low.flat[0]) else low
+    high = high.flat[0] if np.all(high == high.flat[0]) else high
+    return array_spec.BoundedArraySpec(space.shape, dtype, low, high, name='observation')
+  return array_spec.ArraySpec(space.shape, dtype, name='observation')
+
+
+def _action_spec(space: gym.Space, env_id: str) -> array_spec.BoundedArraySpec:
+  if not isinstance(space, gym.spaces.Discrete):
+    raise UsageError(
+        f'{env_id} has a {type(space).__name__} action space {space}; DDQN needs a '
+        'Discrete action space: pick a discrete environment (e.g. CartPole-v1) or '
+        'discretize its actions with a gymnasium wrapper')
+  start = int(space.start)
+  return array_spec.BoundedArraySpec(
+      (), np.int64, start, start + int(space.n) - 1, name='action')
+
+
+class GymnasiumPyEnvironment(py_environment.PyEnvironment):
+  """Adapts one gymnasium env to the tf-agents `PyEnvironment` API.
+
+  Auto-reset is left to `PyEnvironment` (`handle_auto_reset=True`): the step
+  after a LAST time step resets the env and returns a FIRST time step.
+  """
+
+  def __init__(self, env: gym.Env, env_id: str = '', seed: Optional[int] = None):
+    super().__init__(handle_auto_reset=True)
+    self._env = env
+    self._env_id = env_id or str(env.spec.id if env.spec else env)
+    self._observation_spec = _observation_spec(env.observation_space)
+    self._action_spec = _action_spec(env.action_space, self._env_id)
+    self._seed = seed
+    self._last_info: dict = {}
+
+  @property
+  def gym_env(self) -> gym.Env:
+    return self._env
+
+  def observation_spec(self) -> array_spec.ArraySpec:
+    return self._observation_spec
+
+  def action_spec(self) -> array_spec.BoundedArraySpec:
+    return self._action_spec
+
+  def get_info(self) -> dict:
+    return self._last_info
+
+  def _observation(self, obs: Any) -> np.ndarray:
+    return np.asarray(obs, dtype=self._observation_spec.dtype)
+
+  def _reset(self) -> ts.TimeStep:
+    # Seed only the first reset: later resets continue the env's own RNG, so a
+    # seeded run is reproducible without repeating the same episode.
+    seed, self._seed = self._seed, None
+    obs, self._last_info = self._env.reset(seed=seed)
+    return ts.restart(self._observation(obs))
+
+  def _step(self, action: np.ndarray) -> ts.TimeStep:
+    obs, reward, terminated, truncated, self._last_info = self._env.step(
+        int(np.asarray(action)))
+    obs = self._observation(obs)
+    reward = np.asarray(reward, dtype=np.float32)
+    if terminated:
+      return ts.termination(obs, reward)
+    if truncated:
+      return ts.truncation(obs, reward, discount=np.float32(1.0))
+    return ts.transition(obs, reward, discount=np.float32(1.0))
+
+  def render(self, mode: str = 'rgb_array') -> Optional[np.ndarray]:
+    return self._env.render()
+
+  def close(self) -> None:
+    self._env.close()
+
+
+def _register_optional_envs(env_id: str) -> None:
+  """Registers the ALE namespace on demand (ale-py is imported lazily)."""
+  if env_id.startswith('ALE/'):
+    import ale_py  # pylint: disable=g-import-not-at-top
+    gym.register_envs(ale_py)
+
+
+def check_env_id(env_id: str) -> None:
+  """Raises `UsageError` with close matches when `env_id` is not registered."""
+  _register_optional_envs(env_id)
+  if env_id in gym.registry:
+    return
+  close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3, cutoff=0.5)
+  hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else (
+      'check the id, or import the module that registers it at the top of your gin file')
+  raise UsageError(f"unknown environment id {env_id!r} in make_env.env_id: {hint}")
+
+
+@gin.configurable
+def make_env(env_id: str = 'CartPole-v1',
+             seed: Optional[int] = None,
+             make_kwargs: Optional[dict] = None,
+             wrappers: Sequence[EnvWrapper] = (),
+             render_mode: Optional[str] = None) -> GymnasiumPyEnvironment:
+  """Builds one environment.
+
+  Args:
+    env_id: any registered gymnasium id, including `ALE/<Game>-v5` and ids
+      registered by a module that a gin file imports.
+    seed: seed of the first reset.
+    make_kwargs: extra keyword arguments for `gymnasium.make`.
+    wrappers: gymnasium wrappers (callables env -> env), innermost first.
+    render_mode: passed to `gymnasium.make` (`rgb_array` for videos).
+  """
+  check_env_id(env_id)
+  kwargs = dict(make_kwargs or {})
+  if render_mode:
+    kwargs['render_mode'] = render_mode
+  env = gym.make(env_id, **kwargs)
+  for wrap in wrappers:
+    env = wrap(env)
+  return GymnasiumPyEnvironment(env, env_id=env_id, seed=seed)
+
+
+def make_batched_env(num_envs: int, seed: int) -> py_environment.PyEnvironment:
+  """`num_envs` copies of `make_env()` stepped as one batch, seeds seed..seed+n-1.
+
+  Stepping in the calling thread: on two cores threads only add contention, and
+  the batch exists to amortise one policy call over several env steps.
+  """
+  envs = [make_env(seed=seed + i) for i in range(num_envs)]
+  return batched_py_environment.BatchedPyEnvironment(envs, multithreading=False)

@@ -1,0 +1,124 @@
+"""What a run reports: CSV files, TensorBoard scalars, episode statistics, RSS."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import os
+from typing import Dict, Iterable, List, Optional
+
+import numpy as np
+import psutil
+import tensorflow as tf
+
+METRICS_COLUMNS = [
+    'train_step', 'env_steps', 'wall_time', 'steps_per_sec', 'loss', 'epsilon',
+    'learning_rate', 'replay_size', 'avg_return', 'rss_mb', 'train_traces',
+    'policy_traces']
+EVAL_COLUMNS = [
+    'train_step', 'env_steps', 'wall_time', 'avg_return', 'std_return',
+    'avg_episode_length', 'episodes']
+
+
+def rss_mb() -> float:
+  """Resident set size of this process in MiB."""
+  return psutil.Process().memory_info().rss / 2**20
+
+
+class CsvLog:
+  """An append-only CSV file with a fixed header, flushed after every row."""
+
+  def __init__(self, path: str, columns: List[str]):
+    self.path = path
+    self.columns = columns
+
+  def append(self, row: Dict[str, object]) -> None:
+    new_file = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+    with open(self.path, 'a', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction='ignore')
+      if new_file:
+        writer.writeheader()
+      writer.writerow({k: _format(row.get(k)) for k in self.columns})
+
+  def rows(self) -> List[Dict[str, str]]:
+    if not os.path.exists(self.path):
+      return []
+    with open(self.path, newline='') as f:
+      return list(csv.DictReader(f))
+
+
+def _format(value: object) -> object:
+  if isinstance(value, (float, np.floating)):
+    return f'{float(value):.6g}'
+  return '' if value is None else value
+
+
+class EpisodeStats:
+  """Observer of (possibly batched) trajectories: env steps and episode returns.
+
+  Our own rather than `py_metrics`: its state (counters and recent returns)
+  must go into the TF checkpoint so a resumed run continues its averages.
+  """
+
+  def __init__(self, num_envs: int, window: int = 10):
+    self.env_steps = 0
+    self.episodes = 0
+    self._returns = np.zeros(num_envs, np.float64)
+    self._lengths = np.zeros(num_envs, np.int64)
+    self.recent_returns = collections.deque(maxlen=window)
+    self.recent_lengths = collections.deque(maxlen=window)
+
+  def __call__(self, traj) -> None:
+    reward = np.atleast_1d(traj.reward)
+    not_boundary = ~np.atleast_1d(traj.is_boundary())
+    self.env_steps += int(not_boundary.sum())
+    self._returns += np.where(not_boundary, reward, 0.0)
+    self._lengths += not_boundary
+    for i in np.flatnonzero(np.atleast_1d(traj.is_last())):
+      self.recent_returns.append(float(self._returns[i]))
+      self.recent_lengths.append(int(self._lengths[i]))
+      self.episodes += 1
+      self._returns[i] = 0.0
+      self._lengths[i] = 0
+
+  def average_return(self) -> float:
+    return float(np.mean(self.recent_returns)) if self.recent_returns else float('nan')
+
+
+class SummaryWriter:
+  """TensorBoard scalars written eagerly from Python (never inside a tf.function)."""
+
+  def __init__(self, logdir: str):
+    self._writer = tf.summary.create_file_writer(logdir)
+
+  def scalars(self, step: int, values: Dict[str, Optional[float]]) -> None:
+    with self._writer.as_default():
+      for name, value in values.items():
+        if value is not None and np.isfinite(value):
+          tf.summary.scalar(name, value, step=step)
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+def format_progress(row: Dict[str, object], target: int, eta_s: Optional[float]) -> str:
+  """One readable progress line for the log."""
+  eta = '?' if eta_s is None else _duration(eta_s)
+  return ('env_steps %d/%d  %.0f steps/s  loss %.4g  eps %.3f  lr %.3g  return %.1f  '
+          'replay %d  rss %.0f MiB  traces train=%s policy=%s  ETA %s' % (
+              row['env_steps'], target, row['steps_per_sec'], row['loss'],
+              row['epsilon'], row['learning_rate'], row['avg_return'],
+              row['replay_size'], row['rss_mb'], row['train_traces'],
+              row['policy_traces'], eta))
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(seconds)
+  return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m' if seconds >= 3600 else (
+      f'{seconds // 60}m{seconds % 60:02d}s')
+
+
+def mean_std(values: Iterable[float]):
+  values = np.asarray(list(values), np.float64)
+  return float(values.mean()), float(values.std())
