@@ -1,11 +1,190 @@
-"""The one exception type that means "the user's input is wrong".
+"""User errors: the `UsageError` type and helpers that keep them to one line.
 
-Anything raised as `UsageError` ends the program with exit status 2 and a single
-line on stderr that names the problem and the fix (see `harness.train`).
+Anything raised as `UsageError` ends a command with exit status 2 and a single
+line on stderr that names the problem and the fix (see `harness.train`). The
+helpers here turn gin's multi-line parse errors into such lines, and keep
+library chatter (absl, ALE banners, gin's own logging) off stderr while the
+input is being checked.
 """
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import inspect
+import os
+import re
+import sys
+import tempfile
+from typing import Iterator, List, Sequence
+
+import gin
 
 
 class UsageError(Exception):
   """Bad input from the user: a wrong binding, value, file or environment."""
 
   exit_code = 2
+
+
+def first_line(error: BaseException) -> str:
+  """The first non-empty line of an error message.
+
+  gin appends "In call to configurable ..." lines to exceptions that pass
+  through a configurable; only the first line is ours.
+  """
+  for line in str(error).splitlines():
+    if line.strip():
+      return line.strip()
+  return type(error).__name__
+
+
+def report(program: str, error: BaseException, verbose: bool) -> None:
+  """Prints `error` as one line on stderr (after its traceback when verbose)."""
+  if verbose:
+    import traceback  # pylint: disable=g-import-not-at-top
+    traceback.print_exception(error)
+  print(f'{program}: error: {first_line(error)}', file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def held_stderr(replay_on_error: bool = False) -> Iterator[None]:
+  """Holds everything written to file descriptor 2 until the block ends.
+
+  On success the held text is written to stderr; on an exception it is dropped
+  (or written when `replay_on_error`), so that a failed start shows only our one
+  error line. Works at the descriptor level because C++ code (TensorFlow, ALE)
+  writes there directly, past `sys.stderr`.
+  """
+  sys.stderr.flush()
+  saved = os.dup(2)
+  failed = True
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+      failed = False
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      if not failed or replay_on_error:
+        held.seek(0)
+        sys.stderr.buffer.write(held.read())
+        sys.stderr.flush()
+
+
+# --- gin errors ---------------------------------------------------------------
+
+_UNKNOWN_CONFIGURABLE = re.compile(r"No configurable matching (?:reference )?'@?([^'(]+)")
+_UNKNOWN_PARAMETER = re.compile(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'")
+_IN_FILE = re.compile(r'In file "([^"]+)", line (\d+)')
+_IN_BINDINGS = re.compile(r'In bindings string line (\d+)')
+
+
+def known_binding_names() -> List[str]:
+  """Every `configurable.parameter` name in gin's registry (for suggestions)."""
+  names = []
+  for _, configurable in gin.config._REGISTRY.items():  # pylint: disable=protected-access
+    try:
+      params = inspect.signature(configurable.wrapped).parameters
+    except (TypeError, ValueError):
+      continue
+    for param in params.values():
+      if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and param.name != 'self':
+        names.append(f'{configurable.name}.{param.name}')
+  return sorted(set(names))
+
+
+def _known_configurable_names() -> List[str]:
+  return sorted({c.name for _, c in gin.config._REGISTRY.items()})  # pylint: disable=protected-access
+
+
+def suggest_binding(key: str) -> List[str]:
+  """Known `configurable.parameter` names closest to the unknown `key`."""
+  known = known_binding_names()
+  param = key.rsplit('.', 1)[-1]
+  # Right parameter on the wrong configurable (train_eval.epsilon_greedy) first.
+  same_param = [name for name in known if name.rsplit('.', 1)[-1] == param]
+  close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+  return list(dict.fromkeys(same_param + close))[:3]
+
+
+def _location(message: str, gin_bindings: Sequence[str]) -> str:
+  """Where a gin error happened: `file, line N` or the offending binding."""
+  match = _IN_FILE.search(message)
+  if match:
+    return f'{match.group(1)}, line {match.group(2)}'
+  match = _IN_BINDINGS.search(message)
+  if match:
+    text = _statement(message) or _binding_line(gin_bindings, int(match.group(1)))
+    return f'--gin_bindings "{text}"'
+  return ''
+
+
+def _statement(message: str) -> str:
+  """The offending statement that gin prints indented under its location."""
+  lines = message.splitlines()
+  for i, line in enumerate(lines[:-1]):
+    if _IN_FILE.search(line) or _IN_BINDINGS.search(line):
+      return lines[i + 1].strip()
+  return ''
+
+
+def _binding_line(gin_bindings: Sequence[str], line: int) -> str:
+  lines = '\n'.join(gin_bindings).splitlines()
+  return lines[line - 1].strip() if 0 < line <= len(lines) else ''
+
+
+def _where(location: str) -> str:
+  return f' (in {location})' if location else ''
+
+
+def gin_usage_error(error: BaseException, gin_bindings: Sequence[str] = ()) -> UsageError:
+  """Translates an exception from gin parsing into a one-line `UsageError`."""
+  message = str(error)
+  head = first_line(error)
+
+  if isinstance(error, SyntaxError):
+    if error.filename:
+      where = f'{error.filename}, line {error.lineno}'
+    else:
+      where = f'--gin_bindings "{_binding_line(gin_bindings, error.lineno or 0) or error.text}"'
+    return UsageError(f'gin syntax error in {where}: {error.msg.rstrip(".")}; fix the syntax '
+                      f"there (values are Python literals, strings need quotes, e.g. "
+                      f"make_env.env_id='CartPole-v1')")
+
+  location = _location(message, gin_bindings)
+  match = _UNKNOWN_PARAMETER.search(head)
+  if match:
+    key = f'{match.group(1).rsplit(".", 1)[-1]}.{match.group(2)}'
+    return UsageError(f'unknown gin binding {key!r}{_where(location)}: ' + _hint(key))
+  match = _UNKNOWN_CONFIGURABLE.search(head)
+  if match:
+    selector = match.group(1).strip()
+    statement = _statement(message)
+    key = statement.split('=', 1)[0].strip() if '=' in statement else ''
+    if key and '@' not in statement.split('=', 1)[0]:
+      return UsageError(f'unknown gin binding {key!r}{_where(location)}: ' + _hint(key))
+    close = difflib.get_close_matches(selector, _known_configurable_names(), n=3, cutoff=0.6)
+    hint = (f"did you mean {', '.join(repr(c) for c in close)}?" if close else
+            'import the module that defines it at the top of the gin file')
+    return UsageError(f'unknown gin configurable {selector!r}{_where(location)}: {hint}')
+  if isinstance(error, ImportError):
+    return UsageError(f'{head}{_where(location)}: install that module or fix the import line')
+  if isinstance(error, OSError):
+    return UsageError(f'{head.rstrip(".")}{_where(location)}: check the file path')
+  return UsageError(f'bad gin configuration{_where(location)}: {head}')
+
+
+def _hint(key: str) -> str:
+  close = suggest_binding(key)
+  if close:
+    return f"did you mean {', '.join(repr(c) for c in close)}?"
+  configurable = key.rsplit('.', 1)[0]
+  params = [n.rsplit('.', 1)[-1] for n in known_binding_names()
+            if n.rsplit('.', 1)[0] == configurable]
+  if params:
+    return f"{configurable} takes {', '.join(params)}"
+  return 'check the name in the gin files under gin/'
+

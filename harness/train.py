@@ -1,22 +1,30 @@
 """`harness-train`: the one entry point (`python -m harness.train` is the same).
 
-Parses flags and gin, then hands over to `experiment.train_eval`. Bad input ends
-with one line on stderr and exit status 2; `--verbosity=1` adds the traceback.
+Parses flags and gin, checks the input, then hands over to
+`experiment.train_eval`. Bad input ends with one line on stderr and exit
+status 2 before anything in `--root_dir` is created or touched; `--verbosity=1`
+adds the traceback and whatever libraries printed meanwhile.
+
+The log (absl, including the progress lines) goes to stdout, so that stderr
+carries problems only.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
-import traceback
-from typing import List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
 import gin
 
-from harness import experiment  # pylint: disable=unused-import  (registers configurables)
+from harness import agents
+from harness import envs
+from harness import experiment
+from harness import errors
 from harness.errors import UsageError
 import harness
 
@@ -29,12 +37,17 @@ _JOB = flags.DEFINE_enum('job', 'all', ['all', 'replay', 'collect', 'learn', 'ev
 _REPLAY_ADDRESS = flags.DEFINE_string(
     'replay_address', None, 'host:port of a Reverb server for the connecting jobs.')
 
+_PROGRAM = 'harness-train'
+# Jobs that connect to a replay server started elsewhere (`--job=replay`).
+_JOBS_NEEDING_REPLAY = ('collect', 'learn')
+
 
 def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
-  """Parses gin files then bindings; errors become `UsageError`s."""
+  """Parses gin files then bindings; errors become one-line `UsageError`s."""
   for path in gin_files:
     if not os.path.isfile(path):
-      raise UsageError(f'gin file {path!r} does not exist: check the --gin_file path')
+      raise UsageError(f'gin file {path!r} does not exist: check the --gin_file path '
+                       '(relative paths start at the current directory)')
     # A gin file may `import my_envs` from its own folder.
     folder = os.path.dirname(os.path.abspath(path))
     if folder not in sys.path:
@@ -42,36 +55,132 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
   try:
     gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
                                         finalize_config=True)
-  except (ValueError, SyntaxError, ImportError, KeyError) as e:
-    first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise UsageError(f'bad gin configuration: {first_line}') from e
+  except (ValueError, SyntaxError, ImportError, KeyError, OSError) as e:
+    raise errors.gin_usage_error(e, gin_bindings) from e
+
+
+def check_root_dir(root_dir: Optional[str]) -> None:
+  """Raises `UsageError` unless `root_dir` is (or can become) a writable directory."""
+  if not root_dir:
+    raise UsageError('--root_dir is required: e.g. --root_dir=runs/cartpole')
+  path = os.path.abspath(root_dir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UsageError(f'--root_dir={root_dir} is a file, not a directory: pass a directory '
+                     '(a new path starts a run, an existing run directory resumes it)')
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise UsageError(f'--root_dir={root_dir} lies under the file {existing}: pass a path '
+                     'whose parents are directories')
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UsageError(f'--root_dir={root_dir} is not writable ({existing} does not allow '
+                     'writing): pick a directory you can write to, e.g. --root_dir=runs/NAME')
+
+
+def check_job(job: str, replay_address: Optional[str]) -> None:
+  if job in _JOBS_NEEDING_REPLAY and not replay_address:
+    raise UsageError(f'--job={job} needs --replay_address=host:port of a running replay '
+                     'server: start one with --job=replay (or use --job=all)')
+
+
+def _gin_value(fn: Callable[..., Any], name: str) -> Any:
+  """The value gin will pass for `fn`'s parameter `name` (binding or default)."""
+  selector = f'{fn.__name__}.{name}'
+  try:
+    return gin.query_parameter(selector)
+  except ValueError:  # Not bound: the function's own default applies.
+    return inspect.signature(fn).parameters[name].default
+
+
+def check_values() -> None:
+  """Checks the bound values that would otherwise fail only deep inside the run."""
+  for name in ('num_env_steps', 'batch_size', 'replay_capacity'):
+    value = _gin_value(experiment.train_eval, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      raise UsageError(f'train_eval.{name}={value!r} must be a positive integer, e.g. '
+                       f'--gin_bindings="train_eval.{name}=1000"')
+  for name in ('epsilon_greedy', 'epsilon_start'):
+    value = _gin_value(agents.make_agent, name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+      raise UsageError(f'make_agent.{name}={value!r} must be a number in [0, 1], '
+                       'e.g. make_agent.epsilon_greedy=0.05')
+    agents.check_epsilon(name, float(value))
+
+
+def check_env() -> None:
+  """Builds the configured environment once: an unknown id or a continuous
+  action space fails here, before anything is written."""
+  env_id = _gin_value(envs.make_env, 'env_id')
+  if not isinstance(env_id, str):
+    raise UsageError(f'make_env.env_id={env_id!r} must be a string, e.g. '
+                     "make_env.env_id='CartPole-v1'")
+  envs.check_env_id(env_id)
+  try:
+    env = envs.make_env()
+  except UsageError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise UsageError(f'could not make environment {env_id!r}: {errors.first_line(e)}; '
+                     'check the make_env bindings') from e
+  env.close()
+
+
+def _call_experiment() -> None:
+  kwargs = dict(root_dir=_ROOT_DIR.value, replay_address=_REPLAY_ADDRESS.value)
+  # The split jobs plug in once `train_eval` takes a `job` argument.
+  if 'job' in inspect.signature(experiment.train_eval).parameters:
+    kwargs['job'] = _JOB.value
+  elif _JOB.value != 'all':
+    raise UsageError(f'--job={_JOB.value} is not available yet: use --job=all')
+  experiment.train_eval(**kwargs)
 
 
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     raise UsageError(f'unexpected arguments {argv[1:]}: use --flag=value forms')
-  if not _ROOT_DIR.value:
-    raise UsageError('--root_dir is required: e.g. --root_dir=runs/cartpole')
-  if _JOB.value != 'all':
-    raise UsageError(f'--job={_JOB.value} is not available yet: use --job=all')
+  check_root_dir(_ROOT_DIR.value)
+  check_job(_JOB.value, _REPLAY_ADDRESS.value)
   harness.quiet_tensorflow_logs()
-  parse_gin(_GIN_FILE.value, _GIN_BINDINGS.value)
-  experiment.train_eval(root_dir=_ROOT_DIR.value, replay_address=_REPLAY_ADDRESS.value)
+  # Library output while checking the input (gin's logging of a missing file,
+  # the ALE banner) is held back: a failed start shows only our error line.
+  with errors.held_stderr(replay_on_error=_verbose()):
+    parse_gin(_GIN_FILE.value, _GIN_BINDINGS.value)
+    check_values()
+    check_env()
+  _call_experiment()
+
+
+def _verbose() -> bool:
+  return logging.get_verbosity() >= logging.DEBUG
+
+
+def _log_to_stdout() -> None:
+  """Sends absl logging (progress lines included) to stdout instead of stderr."""
+  logging.get_absl_handler().python_handler.stream = sys.stdout
 
 
 def _main_with_clean_errors(argv: List[str]) -> None:
+  _log_to_stdout()
   try:
     main(argv)
   except UsageError as e:
-    if logging.get_verbosity() >= logging.DEBUG:
-      traceback.print_exc()
-    print(f'harness-train: error: {e}', file=sys.stderr)
+    errors.report(_PROGRAM, e, _verbose())
+    sys.exit(UsageError.exit_code)
+
+
+def _parse_flags(argv: List[str]) -> List[str]:
+  """absl's flag parsing, with a bad flag reported as one line and status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'{_PROGRAM}: error: {e}; see {_PROGRAM} --helpfull', file=sys.stderr)
     sys.exit(UsageError.exit_code)
 
 
 def run() -> None:
   """Console-script entry point."""
-  app.run(_main_with_clean_errors)
+  app.run(_main_with_clean_errors, flags_parser=_parse_flags)
 
 
 if __name__ == '__main__':

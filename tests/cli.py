@@ -1,0 +1,34 @@
+"""Helpers to run `harness-train` as a real subprocess in tests."""
+
+import os
+import subprocess
+import sys
+from typing import List, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CARTPOLE_GIN = os.path.join(REPO, 'gin', 'ddqn_cartpole.gin')
+
+# A CartPole run small enough for a test: a few hundred env steps, a tiny net.
+TINY_BINDINGS = [
+    'train_eval.num_env_steps=600',
+    'train_eval.initial_collect_steps=100',
+    'train_eval.replay_capacity=2000',
+    'train_eval.batch_size=16',
+    'train_eval.eval_interval=300',
+    'train_eval.eval_episodes=2',
+    'train_eval.log_interval=100',
+    'train_eval.checkpoint_interval=300',
+    'make_agent.fc_layer_params=(16,)',
+]
+
+
+def harness_train(root_dir: str, bindings: Sequence[str] = (),
+                  gin_files: Sequence[str] = (CARTPOLE_GIN,), extra_flags: Sequence[str] = (),
+                  env=None, timeout: float = 300) -> subprocess.CompletedProcess:
+  """Runs `python -m harness.train` and returns the finished process."""
+  cmd: List[str] = [sys.executable, '-m', 'harness.train', f'--root_dir={root_dir}']
+  cmd += [f'--gin_file={f}' for f in gin_files]
+  cmd += [f'--gin_bindings={b}' for b in bindings]
+  cmd += list(extra_flags)
+  return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                        env=env)

@@ -1,0 +1,65 @@
+"""Training and collection trace once, on a real Reverb server."""
+
+import numpy as np
+import pytest
+from tf_agents.specs import tensor_spec
+from tf_agents.train.utils import train_utils
+
+from harness import agents, checkpoints, collect, envs, learn, metrics, replay
+
+
+@pytest.fixture(scope='module')
+def pieces():
+  env = envs.make_env('CartPole-v1', seed=0)
+  time_step_spec = tensor_spec.from_spec(env.time_step_spec())
+  action_spec = tensor_spec.from_spec(env.action_spec())
+  run_state = checkpoints.RunState()
+  agent = agents.make_agent(time_step_spec, action_spec, train_utils.create_train_step(),
+                            run_state.env_steps, fc_layer_params=(16,),
+                            epsilon_greedy=0.2)
+  table = replay.make_table(agent.collect_data_spec, 2, 1000)
+  server = replay.start_server([table], checkpoint_dir=None)
+  client = server.localhost_client()
+  observer = replay.BatchedTrajectoryObserver(client, 2, 1)
+  stats = metrics.EpisodeStats(1)
+  collector = collect.Collector(env, agent.collect_policy, [observer, stats], 4)
+  collector.collect_random(100)
+  observer.flush()
+  dataset = replay.make_dataset(agent.collect_data_spec, f'localhost:{server.port}', 2, 8)
+  yield agent, collector, dataset, client, stats, run_state
+  server.stop()
+
+
+def test_train_and_policy_functions_trace_once(pieces):
+  agent, collector, dataset, _, _, _ = pieces
+  trainer = learn.Trainer(agent, dataset, steps_per_call=3)
+  losses = []
+  for _ in range(20):
+    collector.run()
+    losses.append(trainer())
+  assert np.all(np.isfinite(losses))
+  assert trainer.trace_count() == 1
+  assert collector.trace_count() == 1
+  assert int(agent.train_step_counter.numpy()) >= 60
+
+
+def test_epsilon_follows_its_variables_without_a_retrace(pieces):
+  agent, collector, _, _, _, run_state = pieces
+  schedule = agent.epsilon_schedule
+  schedule.assign(end=0.05, start=1.0, decay_steps=100)
+  run_state.env_steps.assign(50)
+  assert abs(float(schedule()) - 0.525) < 1e-6
+  run_state.env_steps.assign(500)
+  assert abs(float(schedule()) - 0.05) < 1e-6
+  schedule.assign(end=0.3, start=1.0, decay_steps=0)
+  assert abs(float(schedule()) - 0.3) < 1e-6
+  collector.run()
+  assert collector.trace_count() == 1
+
+
+def test_replay_items_hold_n_plus_one_steps(pieces):
+  _, _, dataset, client, stats, _ = pieces
+  experience, _ = next(iter(dataset))
+  assert experience.observation.shape == (8, 2, 4)
+  assert replay.table_size(client) > 0
+  assert stats.env_steps >= 100
