@@ -1,10 +1,11 @@
-"""Checkpoints of a run: TF state, the Reverb table, and exported policies."""
+"""Checkpoints of a run: TF state paired with the Reverb table, and exported policies."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
-from typing import Optional
+from typing import List, Optional
 
 from absl import logging
 import numpy as np
@@ -14,6 +15,7 @@ from tf_agents.agents.dqn import dqn_agent
 from tf_agents.policies import policy_saver
 from tf_agents.utils import common
 
+from harness.errors import UsageError
 from harness.metrics import EpisodeStats
 
 
@@ -27,6 +29,8 @@ class RunState(tf.Module):
     self.recent_returns = tf.Variable(
         np.full(window, np.nan, np.float32), name='recent_returns')
     self.best_eval_return = tf.Variable(-np.inf, dtype=tf.float32, name='best_eval_return')
+    # Name of the Reverb checkpoint written just before this TF checkpoint: the pair.
+    self.replay_checkpoint = tf.Variable('', dtype=tf.string, name='replay_checkpoint')
 
   def save_stats(self, stats: EpisodeStats) -> None:
     self.env_steps.assign(stats.env_steps)
@@ -49,25 +53,150 @@ def train_dir(root_dir: str) -> str:
   return os.path.join(root_dir, 'train')
 
 
-def make_checkpointer(root_dir: str, agent: dqn_agent.DqnAgent,
-                      run_state: RunState) -> common.Checkpointer:
-  """tf-agents' Checkpointer over agent (with optimizer and epsilon) and counters.
+@dataclasses.dataclass
+class Reapplied:
+  """A setting that the restore overwrote and the harness set back."""
+  name: str
+  checkpoint_value: object
+  value_now: object
 
-  Note: it restores the newest checkpoint inside its constructor.
+  def line(self) -> str:
+    return f'{self.name}: {self.checkpoint_value:.6g} -> {self.value_now:.6g}'
+
+
+def _readable(path: str) -> bool:
+  """True when every tensor of the checkpoint at `path` can be read back."""
+  try:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+    return True
+  except (tf.errors.OpError, ValueError, OSError, IndexError):  # IndexError: torn data file
+    return False
+
+
+def _skip_damaged_checkpoints(directory: str) -> None:
+  """Points the checkpoint state at the newest readable checkpoint.
+
+  A damaged newest checkpoint (a crash or a full disk) would make every resume
+  fail; we fall back to the previous one with a warning. Damaged files are left
+  where they are.
   """
-  return common.Checkpointer(
-      ckpt_dir=train_dir(root_dir),
-      max_to_keep=3,
-      agent=agent,
-      train_step=agent.train_step_counter,
-      run_state=run_state)
+  state = tf.train.get_checkpoint_state(directory)
+  if state is None:
+    return
+  paths = list(state.all_model_checkpoint_paths)
+  while paths and not _readable(paths[-1]):
+    logging.warning('Checkpoint %s is damaged or incomplete: falling back to the previous '
+                    'one (its files are left in place)', paths[-1])
+    paths.pop()
+  if paths and paths[-1] != state.model_checkpoint_path:
+    tf.compat.v1.train.update_checkpoint_state(directory, paths[-1], all_model_checkpoint_paths=paths)
 
 
-def save_replay(client: reverb.Client) -> str:
-  """Writes the Reverb checkpoint (into the server's own `ROOT/replay/`)."""
+class ResumableCheckpointer:
+  """tf-agents' Checkpointer, plus new settings that survive the restore.
+
+  `common.Checkpointer` restores in its constructor, which puts the checkpoint's
+  learning-rate variable and epsilon variables back over the values this launch
+  was configured with. `initialize_or_restore()` sets them back to this launch's
+  values and returns what it changed, so that resuming with new bindings does
+  what the user asked.
+  """
+
+  def __init__(self, root_dir: str, agent: dqn_agent.DqnAgent, run_state: RunState,
+               max_to_keep: int = 3):
+    self._agent = agent
+    # This launch's settings, read before the restore can overwrite them.
+    self._wanted_epsilon = agent.epsilon_schedule.settings()
+    self._wanted_learning_rate = float(agent._optimizer.learning_rate.numpy())  # pylint: disable=protected-access
+    directory = train_dir(root_dir)
+    _skip_damaged_checkpoints(directory)
+    try:
+      self._checkpointer = common.Checkpointer(
+          ckpt_dir=directory, max_to_keep=max_to_keep, agent=agent,
+          train_step=agent.train_step_counter, run_state=run_state)
+    except ValueError as e:
+      raise UsageError(
+          f'the checkpoint in {directory} does not fit this agent ({str(e).splitlines()[0]}): '
+          'resume with the network and environment it was trained with, or use a new '
+          '--root_dir') from e
+
+  @property
+  def restored(self) -> bool:
+    return self._checkpointer.checkpoint_exists
+
+  def initialize_or_restore(self) -> List[Reapplied]:
+    """Finishes the restore, then re-applies this launch's epsilon and optimizer settings."""
+    self._checkpointer.initialize_or_restore()
+    if not self.restored:
+      return []
+    changes = []
+    schedule = self._agent.epsilon_schedule
+    restored = schedule.settings()
+    schedule.assign(end=self._wanted_epsilon['epsilon_greedy'],
+                    start=self._wanted_epsilon['epsilon_start'],
+                    decay_steps=self._wanted_epsilon['epsilon_decay_steps'])
+    for name, wanted in self._wanted_epsilon.items():
+      if restored[name] != wanted:
+        changes.append(Reapplied(f'make_agent.{name}', restored[name], wanted))
+    # Keras Adam keeps learning_rate in a variable that the restore brought back;
+    # beta_1/beta_2/epsilon/clipnorm are plain attributes and are not restored.
+    learning_rate = self._agent._optimizer.learning_rate  # pylint: disable=protected-access
+    restored_lr = float(learning_rate.numpy())
+    learning_rate.assign(self._wanted_learning_rate)
+    if restored_lr != self._wanted_learning_rate:
+      changes.append(Reapplied('make_agent.learning_rate', restored_lr,
+                               self._wanted_learning_rate))
+    for change in changes:
+      logging.info('Resume re-applied %s', change.line())
+    return changes
+
+  def save(self, global_step: tf.Variable) -> None:
+    self._checkpointer.save(global_step)
+
+  def latest(self) -> Optional[str]:
+    return self._checkpointer.manager.latest_checkpoint
+
+
+def newest_replay_checkpoint(replay_dir: str) -> Optional[str]:
+  """Name of the newest complete Reverb checkpoint (the one a server loads)."""
+  if not os.path.isdir(replay_dir):
+    return None
+  done = [d for d in os.listdir(replay_dir)
+          if os.path.isfile(os.path.join(replay_dir, d, 'DONE'))]
+  return max(done) if done else None
+
+
+def check_replay_pair(run_state: RunState, replay_dir: str) -> Optional[str]:
+  """Warns when the restored replay is not the one saved with the agent state.
+
+  Reverb keeps only its newest checkpoint, so after a crash between the two
+  writes the table comes from a later save than the agent. The run goes on (the
+  table only holds more recent experience) but says so.
+  """
+  paired = run_state.replay_checkpoint.numpy().decode()
+  newest = newest_replay_checkpoint(replay_dir)
+  if paired == (newest or ''):
+    return None
+  message = (f'replay checkpoint {newest or "(none)"} is not the one saved with the agent '
+             f'checkpoint ({paired or "none"}): a launch stopped between the two writes; the '
+             'replay table holds experience from a different point than the agent state')
+  logging.warning('%s', message)
+  return message
+
+
+def save_pair(client: reverb.Client, checkpointer: ResumableCheckpointer,
+              run_state: RunState, train_step: tf.Variable) -> None:
+  """Writes the Reverb checkpoint, then the TF checkpoint that names it.
+
+  The TF checkpoint is the commit point: a resume always starts from a TF
+  checkpoint, and `check_replay_pair` tells whether the table matches it.
+  """
   path = client.checkpoint()
-  logging.info('Reverb checkpoint written to %s', path)
-  return path
+  run_state.replay_checkpoint.assign(os.path.basename(path.rstrip('/')))
+  checkpointer.save(train_step)
+  logging.info('Checkpoint at train_step %d with replay %s', int(train_step.numpy()), path)
 
 
 class PolicyExporter:
@@ -102,7 +231,3 @@ class PolicyExporter:
 
   def save_best(self) -> None:
     self._save(self._greedy, 'best_policy')
-
-
-def latest_checkpoint(root_dir: str) -> Optional[str]:
-  return tf.train.latest_checkpoint(train_dir(root_dir))

@@ -26,6 +26,7 @@ from harness import envs
 from harness import learn
 from harness import metrics
 from harness import replay
+from harness import resume
 from harness.errors import UsageError
 
 
@@ -123,17 +124,23 @@ def train_eval(root_dir: str,
   agent = agents.make_agent(time_step_spec, action_spec, train_step, run_state.env_steps)
   sequence_length = agent._n_step_update + 1  # pylint: disable=protected-access
 
-  os.makedirs(root_dir, exist_ok=True)
-  checkpointer = checkpoints.make_checkpointer(root_dir, agent, run_state)
+  # A resume with a change that cannot apply stops here, before ROOT is touched.
+  config_dir = os.path.join(root_dir, 'config')
+  operative_config = gin.operative_config_str()
+  binding_changes = resume.check_changes(config_dir, operative_config)
+  checkpointer = checkpoints.ResumableCheckpointer(root_dir, agent, run_state)
+  reapplied = checkpointer.initialize_or_restore()
   stats = metrics.EpisodeStats(num_envs=num_envs)
   run_state.load_stats(stats)
-  restored = checkpointer.checkpoint_exists
-  if restored:
-    logging.info('Resumed from %s at train_step %d, env_steps %d',
-                 checkpoints.latest_checkpoint(root_dir), int(train_step.numpy()),
-                 stats.env_steps)
+  restored_step = int(train_step.numpy())
+  if checkpointer.restored:
+    logging.info('Resumed from %s at train_step %d, env_steps %d', checkpointer.latest(),
+                 restored_step, stats.env_steps)
+  os.makedirs(config_dir, exist_ok=True)
 
   table = replay.make_table(agent.collect_data_spec, sequence_length, replay_capacity)
+  pair_warning = (checkpoints.check_replay_pair(run_state, replay.replay_dir(root_dir))
+                  if checkpointer.restored else None)
   server = replay.start_server([table], replay.replay_dir(root_dir))
   address = f'localhost:{server.port}'
   client = server.localhost_client()
@@ -147,13 +154,21 @@ def train_eval(root_dir: str,
   exporter = checkpoints.PolicyExporter(root_dir, agent)
   learning_rate = agents.learning_rate_variable(agent)
 
-  config_dir = os.path.join(root_dir, 'config')
-  os.makedirs(config_dir, exist_ok=True)
-  with open(os.path.join(config_dir, f'operative_config-{int(train_step.numpy())}.gin'), 'w') as f:
-    f.write(gin.operative_config_str())
+  with open(os.path.join(config_dir, f'operative_config-{restored_step}.gin'), 'w') as f:
+    f.write(operative_config)
+  if checkpointer.restored:
+    report = resume.write_report(config_dir, restored_step, binding_changes, reapplied,
+                                 pair_warning)
+    logging.info('Resume report (%s):\n%s', report, open(report).read())
 
   metrics_csv = metrics.CsvLog(os.path.join(root_dir, 'metrics.csv'), metrics.METRICS_COLUMNS)
   eval_csv = metrics.CsvLog(os.path.join(root_dir, 'eval.csv'), metrics.EVAL_COLUMNS)
+  # Rows written after the checkpoint we resume from would be written again.
+  for log in (metrics_csv, eval_csv):
+    dropped = log.keep_rows_up_to(restored_step)
+    if dropped:
+      logging.info('Dropped %d rows after train_step %d from %s', dropped, restored_step,
+                   log.path)
   train_summaries = metrics.SummaryWriter(checkpoints.train_dir(root_dir))
   eval_summaries = metrics.SummaryWriter(os.path.join(root_dir, 'eval'))
 
@@ -176,8 +191,7 @@ def train_eval(root_dir: str,
   def save_checkpoint() -> None:
     replay_observer.flush()
     run_state.save_stats(stats)
-    checkpoints.save_replay(client)
-    checkpointer.save(train_step)
+    checkpoints.save_pair(client, checkpointer, run_state, train_step)
     exporter.save_current()
 
   # Initial random collect: the first `initial_collect_steps` env steps of a run.

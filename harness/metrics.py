@@ -40,6 +40,33 @@ class CsvLog:
         writer.writeheader()
       writer.writerow({k: _format(row.get(k)) for k in self.columns})
 
+  def keep_rows_up_to(self, train_step: int) -> int:
+    """Drops rows after `train_step` (never checkpointed) and torn rows.
+
+    After a crash the file may hold rows past the checkpoint the run resumes
+    from, which the resumed run would write again; the file is rewritten
+    atomically (temporary file + rename), so it is never left truncated.
+    Returns the number of rows dropped.
+    """
+    if not os.path.exists(self.path):
+      return 0
+    rows = self.rows()
+    torn = not _ends_with_newline(self.path)
+    kept = [r for r in (rows[:-1] if torn else rows)
+            if None not in r.values() and r.get('train_step', '').isdigit()
+            and int(r['train_step']) <= train_step]
+    if len(kept) == len(rows) and not torn:
+      return 0
+    tmp = self.path + '.tmp'
+    with open(tmp, 'w', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction='ignore')
+      writer.writeheader()
+      writer.writerows(kept)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, self.path)
+    return len(rows) - len(kept)
+
   def rows(self) -> List[Dict[str, str]]:
     if not os.path.exists(self.path):
       return []
@@ -47,9 +74,19 @@ class CsvLog:
       return list(csv.DictReader(f))
 
 
+def _ends_with_newline(path: str) -> bool:
+  with open(path, 'rb') as f:
+    f.seek(0, os.SEEK_END)
+    if f.tell() == 0:
+      return True
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) == b'\n'
+
+
 def _format(value: object) -> object:
   if isinstance(value, (float, np.floating)):
-    return f'{float(value):.6g}'
+    # Six significant digits, but wall-clock seconds keep their milliseconds.
+    return f'{float(value):.3f}' if abs(value) >= 1e5 else f'{float(value):.6g}'
   return '' if value is None else value
 
 
