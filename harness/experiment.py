@@ -88,8 +88,9 @@ def train_eval(root_dir: str,
     initial_collect_steps: env steps of uniformly random actions at the start.
     num_envs: environments stepped as one batch by the collector.
     collect_steps_per_iteration: env steps (over all envs) between training calls.
-    train_steps_per_iteration: gradient steps per training call; the replay
-      ratio is train_steps_per_iteration / collect_steps_per_iteration.
+    train_steps_per_iteration: gradient steps per compiled training call; the
+      replay ratio train_steps_per_iteration / collect_steps_per_iteration is
+      held over the env steps actually collected.
     eval_interval, eval_episodes: greedy evaluation every that many env steps.
     checkpoint_interval: env steps between checkpoints (TF, Reverb, policies).
     log_interval: env steps between rows of metrics.csv and progress lines.
@@ -105,6 +106,9 @@ def train_eval(root_dir: str,
                   checkpoint_interval=checkpoint_interval, log_interval=log_interval)
   if initial_collect_steps < 0:
     raise UsageError(f'train_eval.initial_collect_steps={initial_collect_steps} must be >= 0')
+  if batch_size % num_envs:
+    raise UsageError(f'train_eval.batch_size={batch_size} must be a multiple of '
+                     f'train_eval.num_envs={num_envs}: a replay item holds one step of each env')
   if prioritized_replay:
     raise UsageError('train_eval.prioritized_replay=True is not available yet: '
                      'remove the binding to use uniform replay')
@@ -123,6 +127,9 @@ def train_eval(root_dir: str,
   run_state = checkpoints.RunState()
   agent = agents.make_agent(time_step_spec, action_spec, train_step, run_state.env_steps)
   sequence_length = agent._n_step_update + 1  # pylint: disable=protected-access
+  if num_envs > 1 and sequence_length != 2:
+    raise UsageError(f'train_eval.num_envs={num_envs} needs make_agent.n_step_update=1 (grouped '
+                     'replay items run across episode ends); use num_envs=1 for n-step targets')
 
   # A resume with a change that cannot apply stops here, before ROOT is touched.
   config_dir = os.path.join(root_dir, 'config')
@@ -138,18 +145,19 @@ def train_eval(root_dir: str,
                  restored_step, stats.env_steps)
   os.makedirs(config_dir, exist_ok=True)
 
-  table = replay.make_table(agent.collect_data_spec, sequence_length, replay_capacity)
+  table = replay.make_table(agent.collect_data_spec, sequence_length, replay_capacity, num_envs)
   pair_warning = (checkpoints.check_replay_pair(run_state, replay.replay_dir(root_dir))
                   if checkpointer.restored else None)
   server = replay.start_server([table], replay.replay_dir(root_dir))
   address = f'localhost:{server.port}'
   client = server.localhost_client()
-  replay_observer = replay.BatchedTrajectoryObserver(client, sequence_length, num_envs)
+  replay_observer = replay.make_observer(client, sequence_length, num_envs)
 
   collector = collect.Collector(collect_env, agent.collect_policy,
                                 [replay_observer, stats], collect_steps_per_iteration)
   evaluation = _Evaluation(eval_env, collect.eager_policy(agent.policy, eval_env), eval_episodes)
-  dataset = replay.make_dataset(agent.collect_data_spec, address, sequence_length, batch_size)
+  dataset = replay.make_dataset(agent.collect_data_spec, address, sequence_length, batch_size,
+                                num_envs)
   trainer = learn.Trainer(agent, dataset, train_steps_per_iteration)
   exporter = checkpoints.PolicyExporter(root_dir, agent)
   learning_rate = agents.learning_rate_variable(agent)
@@ -202,11 +210,16 @@ def train_eval(root_dir: str,
   last_log = (time.time(), stats.env_steps)
   start_time, start_steps = last_log
   loss = float('nan')
+  # Gradient steps follow the env steps actually collected (a batched driver
+  # step can overshoot), so train_step stays at replay_ratio * env_steps.
+  replay_ratio = train_steps_per_iteration / collect_steps_per_iteration
   while stats.env_steps < num_env_steps:
     before = stats.env_steps
     collector.run()
     run_state.env_steps.assign(stats.env_steps)
-    loss = trainer()
+    due = (stats.env_steps - initial_collect_steps) * replay_ratio
+    while int(train_step.numpy()) + trainer.steps_per_call / 2 <= due:
+      loss = trainer()
     after = stats.env_steps
 
     if _crossed(before, after, log_interval) or after >= num_env_steps:
@@ -216,7 +229,7 @@ def train_eval(root_dir: str,
              'steps_per_sec': (after - last_log[1]) / max(now - last_log[0], 1e-9),
              'loss': loss, 'epsilon': float(agent.epsilon_schedule().numpy()),
              'learning_rate': float(learning_rate.numpy()),
-             'replay_size': replay.table_size(client),
+             'replay_size': replay.table_size(client) * num_envs,
              'avg_return': stats.average_return(), 'rss_mb': metrics.rss_mb(),
              'train_traces': trainer.trace_count(),
              'policy_traces': collector.trace_count()}

@@ -21,14 +21,25 @@ def replay_dir(root_dir: str) -> str:
   return os.path.join(root_dir, 'replay')
 
 
+def item_signature(collect_data_spec, sequence_length: int, num_envs: int = 1):
+  """Tensor specs of one table item: [T, ...], or [T, num_envs, ...] when grouped."""
+  spec = tensor_spec.from_spec(collect_data_spec)
+  if num_envs > 1:
+    spec = tensor_spec.add_outer_dim(spec, num_envs)
+  return tensor_spec.add_outer_dim(spec, sequence_length)
+
+
 def make_table(collect_data_spec, sequence_length: int, capacity: int,
-               min_size: int = 1) -> reverb.Table:
-  """A uniform FIFO table whose signature rejects inserts of the wrong structure."""
-  signature = tensor_spec.add_outer_dim(
-      tensor_spec.from_spec(collect_data_spec), sequence_length)
+               num_envs: int = 1, min_size: int = 1) -> reverb.Table:
+  """A uniform FIFO table whose signature rejects inserts of the wrong structure.
+
+  `capacity` counts transitions; with `num_envs` > 1 an item holds one
+  transition of every env (see `GroupedTrajectoryObserver`).
+  """
+  signature = item_signature(collect_data_spec, sequence_length, num_envs)
   return reverb.Table(
       TABLE,
-      max_size=capacity,
+      max_size=max(1, capacity // num_envs),
       sampler=reverb.selectors.Uniform(),
       remover=reverb.selectors.Fifo(),
       rate_limiter=reverb.rate_limiters.MinSize(min_size),
@@ -48,42 +59,52 @@ def start_server(tables: List[reverb.Table], checkpoint_dir: Optional[str],
 
 
 def table_size(client: reverb.Client) -> int:
+  """Items in the table (an item holds `num_envs` transitions when grouped)."""
   return int(client.server_info()[TABLE].current_size)
 
 
-class BatchedTrajectoryObserver:
-  """Writes a batch of per-env trajectories to Reverb, one writer per env.
+class GroupedTrajectoryObserver:
+  """Writes each batched env step as one Reverb step; items span all envs.
 
-  tf-agents' `ReverbAddTrajectoryObserver` accepts unbatched trajectories only;
-  with several envs stepped as one batch each env keeps its own observer so that
-  sequences never mix envs.
+  tf-agents' `ReverbAddTrajectoryObserver` takes unbatched trajectories only.
+  One observer per env would work, but then a batch of 64 costs 64 sampled
+  items, and per-item sampling overhead caps training near 1,000 batches/s on
+  two cores. Here an item is the last `sequence_length` steps of all envs at
+  once, so a batch of 64 from 8 envs costs 8 items. Items run across episode
+  boundaries; with `sequence_length` 2 the DQN loss masks the boundary step, so
+  `num_envs` > 1 requires `n_step_update=1` (checked by the caller).
   """
 
-  def __init__(self, client: reverb.Client, sequence_length: int, num_envs: int):
-    self._batched = num_envs > 1
-    self._observers = [
-        reverb_utils.ReverbAddTrajectoryObserver(
-            client, TABLE, sequence_length=sequence_length, stride_length=1)
-        for _ in range(num_envs)]
+  def __init__(self, client: reverb.Client, sequence_length: int):
+    self._writer = client.trajectory_writer(num_keep_alive_refs=sequence_length)
+    self._sequence_length = sequence_length
+    self._steps = 0
 
   def __call__(self, traj: trajectory_lib.Trajectory) -> None:
-    if not self._batched:
-      self._observers[0](traj)
-      return
-    for i, observer in enumerate(self._observers):
-      observer(tree.map_structure(lambda x, i=i: x[i], traj))
+    self._writer.append(traj)
+    self._steps += 1
+    if self._steps >= self._sequence_length:
+      item = tree.map_structure(lambda column: column[-self._sequence_length:],
+                                self._writer.history)
+      self._writer.create_item(TABLE, priority=1.0, trajectory=item)
 
   def flush(self) -> None:
-    for observer in self._observers:
-      observer.flush()
+    self._writer.flush()
 
   def close(self) -> None:
-    for observer in self._observers:
-      observer.close()
+    self._writer.close()
+
+
+def make_observer(client: reverb.Client, sequence_length: int, num_envs: int):
+  """tf-agents' observer for one env; our grouped one for a batch of envs."""
+  if num_envs == 1:
+    return reverb_utils.ReverbAddTrajectoryObserver(
+        client, TABLE, sequence_length=sequence_length, stride_length=1)
+  return GroupedTrajectoryObserver(client, sequence_length)
 
 
 def make_dataset(collect_data_spec, server_address: str, sequence_length: int,
-                 batch_size: int) -> tf.data.Dataset:
+                 batch_size: int, num_envs: int = 1) -> tf.data.Dataset:
   """Batches of (trajectory, SampleInfo) with `sequence_length` steps per item.
 
   A plain `reverb.TrajectoryDataset` rather than tf-agents' `ReverbReplayBuffer.
@@ -92,15 +113,25 @@ def make_dataset(collect_data_spec, server_address: str, sequence_length: int,
   second here). Batches keep a fixed shape (`drop_remainder`), so the train
   function never retraces.
   """
-  signature = tensor_spec.add_outer_dim(
-      tensor_spec.from_spec(collect_data_spec), sequence_length)
+  signature = item_signature(collect_data_spec, sequence_length, num_envs)
+  items_per_batch = batch_size // num_envs
   dataset = reverb.TrajectoryDataset(
       server_address,
       TABLE,
       dtypes=tree.map_structure(lambda spec: spec.dtype, signature),
       shapes=tree.map_structure(lambda spec: spec.shape, signature),
-      max_in_flight_samples_per_worker=4 * batch_size,
+      max_in_flight_samples_per_worker=max(16, 4 * items_per_batch),
       num_workers_per_iterator=2)
-  dataset = dataset.batch(batch_size, drop_remainder=True)
+  dataset = dataset.batch(items_per_batch, drop_remainder=True)
+  if num_envs > 1:
+    dataset = dataset.map(lambda sample: sample._replace(
+        data=tree.map_structure(_ungroup, sample.data)))
   dataset = dataset.map(lambda sample: (sample.data, sample.info))
   return dataset.prefetch(4)
+
+
+def _ungroup(column: tf.Tensor) -> tf.Tensor:
+  """[items, T, envs, ...] -> [items * envs, T, ...]: one row per env sequence."""
+  perm = [0, 2, 1] + list(range(3, column.shape.rank))
+  column = tf.transpose(column, perm)
+  return tf.reshape(column, [-1, column.shape[2]] + column.shape[3:].as_list())

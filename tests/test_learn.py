@@ -20,7 +20,7 @@ def pieces():
   table = replay.make_table(agent.collect_data_spec, 2, 1000)
   server = replay.start_server([table], checkpoint_dir=None)
   client = server.localhost_client()
-  observer = replay.BatchedTrajectoryObserver(client, 2, 1)
+  observer = replay.make_observer(client, 2, 1)
   stats = metrics.EpisodeStats(1)
   collector = collect.Collector(env, agent.collect_policy, [observer, stats], 4)
   collector.collect_random(100)
@@ -63,3 +63,35 @@ def test_replay_items_hold_n_plus_one_steps(pieces):
   assert experience.observation.shape == (8, 2, 4)
   assert replay.table_size(client) > 0
   assert stats.env_steps >= 100
+
+
+def test_grouped_items_rebuild_each_envs_consecutive_steps():
+  """With batched envs an item holds all envs; each sampled row is one env's pair of steps."""
+  env = envs.make_batched_env(4, seed=0)
+  time_step_spec = tensor_spec.from_spec(env.time_step_spec())
+  action_spec = tensor_spec.from_spec(env.action_spec())
+  run_state = checkpoints.RunState()
+  agent = agents.make_agent(time_step_spec, action_spec, train_utils.create_train_step(),
+                            run_state.env_steps, fc_layer_params=(8,))
+  server = replay.start_server(
+      [replay.make_table(agent.collect_data_spec, 2, 400, num_envs=4)], checkpoint_dir=None)
+  try:
+    client = server.localhost_client()
+    observer = replay.make_observer(client, 2, num_envs=4)
+    stats = metrics.EpisodeStats(4)
+    collector = collect.Collector(env, agent.collect_policy, [observer, stats], 4)
+    collector.collect_random(200)
+    observer.flush()
+    assert replay.table_size(client) >= 49
+    dataset = replay.make_dataset(agent.collect_data_spec, f'localhost:{server.port}', 2,
+                                  batch_size=16, num_envs=4)
+    experience, _ = next(iter(dataset))
+    assert experience.observation.shape == (16, 2, 4)
+    obs = experience.observation.numpy()
+    mid = experience.step_type.numpy()[:, 1] == 1  # second step is MID: same episode
+    # CartPole moves x by at most 0.02 * |x_dot| per step: consecutive, same env.
+    assert np.all(np.abs(obs[mid, 1, 0] - obs[mid, 0, 0]) < 0.1)
+    # Rows of one item come from 4 different envs: their observations differ.
+    assert len({tuple(np.round(o, 5)) for o in obs[:4, 0]}) == 4
+  finally:
+    server.stop()

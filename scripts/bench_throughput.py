@@ -1,0 +1,100 @@
+"""Env steps per second: TF-Agents' own DQN example vs the harness, one after the other.
+
+Usage:
+  python scripts/bench_throughput.py [--steps 20000] [--out_dir runs/bench]
+
+Both programs train DQN on CartPole-v1 with one gradient step per env step, batch
+64, MLP (100,), Adam 1e-3, a uniform Reverb table of 100,000:
+  - reference: `python -m tf_agents.examples.dqn.dqn_train_eval` as shipped in the
+    tf-agents wheel, `--num_iterations=STEPS --eval_interval=0`, env bound to
+    CartPole-v1 (it defaults to v0);
+  - harness:   `python -m harness.train --gin_file=gin/bench_cartpole.gin`
+    with `train_eval.num_env_steps=STEPS`.
+Start-up is excluded: the reference's rate comes from its own "steps/sec" log
+lines (timestamps of the first line after 10% of the run to the last), the
+harness's from metrics.csv rows (first row to last row).
+"""
+
+import argparse
+import csv
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STEP_LINE = re.compile(r'^I(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*Step: (\d+), ([\d.]+) steps/sec')
+
+
+def _run(cmd, log_path):
+  start = time.time()
+  with open(log_path, 'w') as log:
+    subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=True)
+  return time.time() - start
+
+
+def _seconds(clock: str) -> float:
+  t = datetime.datetime.strptime(clock, '%H:%M:%S.%f')
+  return t.hour * 3600 + t.minute * 60 + t.second + t.microsecond / 1e6
+
+
+def reference(steps: int, out_dir: str) -> dict:
+  root = os.path.join(out_dir, 'reference')
+  shutil.rmtree(root, ignore_errors=True)
+  log_path = os.path.join(out_dir, 'reference.log')
+  total = _run([sys.executable, '-m', 'tf_agents.examples.dqn.dqn_train_eval',
+                f'--root_dir={root}', f'--num_iterations={steps}', '--eval_interval=0',
+                "--gin_bindings=train_eval.env_name='CartPole-v1'"], log_path)
+  points = []
+  with open(log_path) as f:
+    for line in f:
+      match = _STEP_LINE.match(line)
+      if match:
+        points.append((int(match.group(3)), _seconds(match.group(2))))
+  points = [p for p in points if p[0] >= steps // 10]
+  (step0, t0), (step1, t1) = points[0], points[-1]
+  # One collect step and one gradient step per iteration, after 1,000 random steps.
+  return {'env_steps_per_sec': (step1 - step0) / (t1 - t0),
+          'train_per_env_step': steps / (steps + 1000), 'wall_s': total}
+
+
+def harness(steps: int, out_dir: str, gin_file: str) -> dict:
+  root = os.path.join(out_dir, 'harness')
+  shutil.rmtree(root, ignore_errors=True)
+  total = _run([sys.executable, '-m', 'harness.train', f'--root_dir={root}',
+                f'--gin_file={gin_file}', f'--gin_bindings=train_eval.num_env_steps={steps}',
+                f'--gin_bindings=train_eval.log_interval={max(1000, steps // 20)}'],
+               os.path.join(out_dir, 'harness.log'))
+  with open(os.path.join(root, 'metrics.csv'), newline='') as f:
+    rows = list(csv.DictReader(f))
+  first, last = rows[0], rows[-1]
+  rate = ((int(last['env_steps']) - int(first['env_steps'])) /
+          (float(last['wall_time']) - float(first['wall_time'])))
+  return {'env_steps_per_sec': rate,
+          'train_per_env_step': int(last['train_step']) / int(last['env_steps']),
+          'wall_s': total}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--steps', type=int, default=20000)
+  parser.add_argument('--out_dir', default=os.path.join(REPO, 'runs', 'bench'))
+  parser.add_argument('--gin_file', default=os.path.join(REPO, 'gin', 'bench_cartpole.gin'))
+  args = parser.parse_args()
+  os.makedirs(args.out_dir, exist_ok=True)
+  ref = reference(args.steps, args.out_dir)
+  ours = harness(args.steps, args.out_dir, args.gin_file)
+  print(f'| program | env steps/s | gradient steps per env step | wall s ({args.steps} steps) |')
+  print('|---|---|---|---|')
+  for name, r in (('TF-Agents examples/dqn/dqn_train_eval.py', ref),
+                  ('ddqn-harness gin/bench_cartpole.gin', ours)):
+    print(f"| {name} | {r['env_steps_per_sec']:.0f} | {r['train_per_env_step']:.3f} | "
+          f"{r['wall_s']:.0f} |")
+  print(f"ratio: {ours['env_steps_per_sec'] / ref['env_steps_per_sec']:.1f}x")
+
+
+if __name__ == '__main__':
+  main()
