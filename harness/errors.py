@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import io
 import os
 import re
 import sys
 import tempfile
+import tokenize
 from typing import Iterator, List, Sequence
 
 import gin
@@ -45,6 +47,15 @@ def report(program: str, error: BaseException, verbose: bool) -> None:
     import traceback  # pylint: disable=g-import-not-at-top
     traceback.print_exception(error)
   print(f'{program}: error: {first_line(error)}', file=sys.stderr, flush=True)
+
+
+def log_to_stdout() -> None:
+  """Sends absl logging to stdout, keeping stderr for problems only.
+
+  Call it inside `app.run`'s main (absl installs its handler there).
+  """
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.get_absl_handler().python_handler.stream = sys.stdout
 
 
 @contextlib.contextmanager
@@ -82,16 +93,23 @@ _IN_FILE = re.compile(r'In file "([^"]+)", line (\d+)')
 _IN_BINDINGS = re.compile(r'In bindings string line (\d+)')
 
 
-def known_binding_names() -> List[str]:
-  """Every `configurable.parameter` name in gin's registry (for suggestions)."""
+def known_binding_names(harness_only: bool = False) -> List[str]:
+  """Bindable `configurable.parameter` names in gin's registry (for suggestions).
+
+  Parameters without a default (specs, counters, `root_dir`) are passed by the
+  code, not bound, so they are left out.
+  """
   names = []
   for _, configurable in gin.config._REGISTRY.items():  # pylint: disable=protected-access
+    if harness_only and not (configurable.module or '').startswith('harness'):
+      continue
     try:
       params = inspect.signature(configurable.wrapped).parameters
     except (TypeError, ValueError):
       continue
     for param in params.values():
-      if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and param.name != 'self':
+      if (param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and
+          param.default is not param.empty):
         names.append(f'{configurable.name}.{param.name}')
   return sorted(set(names))
 
@@ -101,13 +119,20 @@ def _known_configurable_names() -> List[str]:
 
 
 def suggest_binding(key: str) -> List[str]:
-  """Known `configurable.parameter` names closest to the unknown `key`."""
-  known = known_binding_names()
+  """Known `configurable.parameter` names closest to the unknown `key`.
+
+  The harness's own names come first: a user binding `train_eval.epsilon_greedy`
+  means `make_agent.epsilon_greedy`, not one of tf-agents' classes.
+  """
   param = key.rsplit('.', 1)[-1]
-  # Right parameter on the wrong configurable (train_eval.epsilon_greedy) first.
-  same_param = [name for name in known if name.rsplit('.', 1)[-1] == param]
-  close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-  return list(dict.fromkeys(same_param + close))[:3]
+  for known in (known_binding_names(harness_only=True), known_binding_names()):
+    # Right parameter on the wrong configurable first.
+    same_param = [name for name in known if name.rsplit('.', 1)[-1] == param]
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
+    found = list(dict.fromkeys(same_param + close))[:3]
+    if found:
+      return found
+  return []
 
 
 def _location(message: str, gin_bindings: Sequence[str]) -> str:
@@ -140,10 +165,48 @@ def _where(location: str) -> str:
   return f' (in {location})' if location else ''
 
 
-def gin_usage_error(error: BaseException, gin_bindings: Sequence[str] = ()) -> UsageError:
+def _unclosed_bracket_line(text: str) -> int:
+  """Line of the outermost bracket still open when tokenizing fails; 0 if none."""
+  opened = []
+  try:
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+      if token.type == tokenize.OP and token.string in '([{':
+        opened.append(token.start[0])
+      elif token.type == tokenize.OP and token.string in ')]}' and opened:
+        opened.pop()
+  except tokenize.TokenError:
+    return opened[0] if opened else -1
+  return 0
+
+
+def _untokenizable(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> str:
+  """The first gin file (with line) or binding that Python's tokenizer cannot read."""
+  for path in gin_files:
+    try:
+      with open(path) as f:
+        line = _unclosed_bracket_line(f.read())
+    except OSError:
+      continue
+    if line:
+      return path if line < 0 else f'{path}, line {line}'
+  for binding in gin_bindings:
+    if _unclosed_bracket_line(binding):
+      return f'--gin_bindings "{binding}"'
+  return ''
+
+
+def gin_usage_error(error: BaseException, gin_bindings: Sequence[str] = (),
+                    gin_files: Sequence[str] = ()) -> UsageError:
   """Translates an exception from gin parsing into a one-line `UsageError`."""
   message = str(error)
   head = first_line(error)
+
+  if isinstance(error, tokenize.TokenError):
+    # An unclosed bracket or string: gin's tokenizer gives up at the end of input.
+    where = _untokenizable(gin_files, gin_bindings) or 'the gin configuration'
+    reason = error.args[0] if error.args else 'incomplete statement'
+    return UsageError(f'gin syntax error in {where}: {reason} (an unclosed bracket or quote?); '
+                      'close it')
 
   if isinstance(error, SyntaxError):
     if error.filename:
@@ -164,7 +227,7 @@ def gin_usage_error(error: BaseException, gin_bindings: Sequence[str] = ()) -> U
     selector = match.group(1).strip()
     statement = _statement(message)
     key = statement.split('=', 1)[0].strip() if '=' in statement else ''
-    if key and '@' not in statement.split('=', 1)[0]:
+    if key and 'reference' not in head:
       return UsageError(f'unknown gin binding {key!r}{_where(location)}: ' + _hint(key))
     close = difflib.get_close_matches(selector, _known_configurable_names(), n=3, cutoff=0.6)
     hint = (f"did you mean {', '.join(repr(c) for c in close)}?" if close else

@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import tokenize
 from typing import Any, Callable, List, Optional, Sequence
 
 from absl import app
@@ -55,8 +56,8 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
   try:
     gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
                                         finalize_config=True)
-  except (ValueError, SyntaxError, ImportError, KeyError, OSError) as e:
-    raise errors.gin_usage_error(e, gin_bindings) from e
+  except (ValueError, SyntaxError, ImportError, KeyError, OSError, tokenize.TokenError) as e:
+    raise errors.gin_usage_error(e, gin_bindings, gin_files) from e
 
 
 def check_root_dir(root_dir: Optional[str]) -> None:
@@ -155,13 +156,8 @@ def _verbose() -> bool:
   return logging.get_verbosity() >= logging.DEBUG
 
 
-def _log_to_stdout() -> None:
-  """Sends absl logging (progress lines included) to stdout instead of stderr."""
-  logging.get_absl_handler().python_handler.stream = sys.stdout
-
-
 def _main_with_clean_errors(argv: List[str]) -> None:
-  _log_to_stdout()
+  errors.log_to_stdout()
   try:
     main(argv)
   except UsageError as e:
