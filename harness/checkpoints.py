@@ -29,6 +29,8 @@ class RunState(tf.Module):
     self.recent_returns = tf.Variable(
         np.full(window, np.nan, np.float32), name='recent_returns')
     self.best_eval_return = tf.Variable(-np.inf, dtype=tf.float32, name='best_eval_return')
+    # Priority that new items enter the prioritized table with: the max so far.
+    self.max_priority = tf.Variable(1.0, dtype=tf.float32, name='max_priority')
     # Name of the Reverb checkpoint written just before this TF checkpoint: the pair.
     self.replay_checkpoint = tf.Variable('', dtype=tf.string, name='replay_checkpoint')
 

@@ -95,7 +95,8 @@ def train_eval(root_dir: str,
     checkpoint_interval: env steps between checkpoints (TF, Reverb, policies).
     log_interval: env steps between rows of metrics.csv and progress lines.
     seed: seeds environments, networks and sampling.
-    prioritized_replay: prioritized sampling (not available yet).
+    prioritized_replay: prioritized sampling with importance weights (settings
+      in `PrioritizedReplay`); otherwise uniform.
     replay_address: host:port of an external Reverb server (not available yet).
   """
   _check_positive(num_env_steps=num_env_steps, replay_capacity=replay_capacity,
@@ -109,9 +110,6 @@ def train_eval(root_dir: str,
   if batch_size % num_envs:
     raise UsageError(f'train_eval.batch_size={batch_size} must be a multiple of '
                      f'train_eval.num_envs={num_envs}: a replay item holds one step of each env')
-  if prioritized_replay:
-    raise UsageError('train_eval.prioritized_replay=True is not available yet: '
-                     'remove the binding to use uniform replay')
   if replay_address:
     raise UsageError('an external replay server is not available yet: drop --replay_address')
   _seed_everything(seed)
@@ -145,7 +143,10 @@ def train_eval(root_dir: str,
                  restored_step, stats.env_steps)
   os.makedirs(config_dir, exist_ok=True)
 
-  table = replay.make_table(agent.collect_data_spec, sequence_length, replay_capacity, num_envs)
+  per_settings = learn.PrioritizedReplay() if prioritized_replay else None
+  table = replay.make_table(
+      agent.collect_data_spec, sequence_length, replay_capacity, num_envs,
+      priority_exponent=per_settings.priority_exponent if per_settings else None)
   pair_warning = (checkpoints.check_replay_pair(run_state, replay.replay_dir(root_dir))
                   if checkpointer.restored else None)
   server = replay.start_server([table], replay.replay_dir(root_dir))
@@ -158,7 +159,9 @@ def train_eval(root_dir: str,
   evaluation = _Evaluation(eval_env, collect.eager_policy(agent.policy, eval_env), eval_episodes)
   dataset = replay.make_dataset(agent.collect_data_spec, address, sequence_length, batch_size,
                                 num_envs)
-  trainer = learn.Trainer(agent, dataset, train_steps_per_iteration)
+  priorities = per_settings and learn.PriorityUpdater(
+      per_settings, address, replay.TABLE, train_step, run_state.max_priority, num_envs)
+  trainer = learn.Trainer(agent, dataset, train_steps_per_iteration, priorities)
   exporter = checkpoints.PolicyExporter(root_dir, agent)
   learning_rate = agents.learning_rate_variable(agent)
 
@@ -215,6 +218,8 @@ def train_eval(root_dir: str,
   replay_ratio = train_steps_per_iteration / collect_steps_per_iteration
   while stats.env_steps < num_env_steps:
     before = stats.env_steps
+    if priorities:  # new items enter with the highest priority given so far
+      replay_observer.update_priority(float(run_state.max_priority.numpy()))
     collector.run()
     run_state.env_steps.assign(stats.env_steps)
     due = (stats.env_steps - initial_collect_steps) * replay_ratio
@@ -232,7 +237,10 @@ def train_eval(root_dir: str,
              'replay_size': replay.table_size(client) * num_envs,
              'avg_return': stats.average_return(), 'rss_mb': metrics.rss_mb(),
              'train_traces': trainer.trace_count(),
-             'policy_traces': collector.trace_count()}
+             'policy_traces': collector.trace_count(),
+             'per_beta': float(priorities.beta.numpy()) if priorities else None,
+             'mean_priority': (float(priorities.mean_sampled_priority.numpy())
+                               if priorities else None)}
       last_log = (now, after)
       metrics_csv.append(row)
       train_summaries.scalars(row['train_step'], {

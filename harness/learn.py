@@ -2,37 +2,112 @@
 
 Our own loop rather than tf-agents' `Learner`: the Learner builds (and restores)
 its own Checkpointer in its constructor, before the harness can pair the TF
-checkpoint with the Reverb one and re-apply new settings after a restore. The
-compiled part is the same idea: `iterations` gradient steps inside one graph.
+checkpoint with the Reverb one and re-apply new settings after a restore, and it
+has no hook for importance weights and priority updates. The compiled part is
+the same idea: `iterations` gradient steps inside one graph.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
+import gin
+import reverb
 import tensorflow as tf
 from tf_agents.agents.dqn import dqn_agent
+
+
+@gin.configurable
+@dataclasses.dataclass
+class PrioritizedReplay:
+  """Settings of prioritized replay (used when train_eval.prioritized_replay=True).
+
+  Attributes:
+    priority_exponent: alpha: sampling probability is priority**alpha / sum.
+    beta_start: importance-sampling exponent at train step 0 ...
+    beta_steps: ... annealed linearly to 1.0 over this many train steps.
+    priority_epsilon: added to |TD error| so no item becomes unsampleable.
+  """
+  priority_exponent: float = 0.6
+  beta_start: float = 0.4
+  beta_steps: int = 100_000
+  priority_epsilon: float = 1e-6
+
+
+class PriorityUpdater(tf.Module):
+  """In-graph importance weights and priority updates for one Reverb table."""
+
+  def __init__(self, settings: PrioritizedReplay, server_address: str, table: str,
+               train_step: tf.Variable, max_priority: tf.Variable, rows_per_item: int):
+    super().__init__(name='priority_updater')
+    self.settings = settings
+    self._client = reverb.TFClient(server_address)
+    self._table = table
+    self._train_step = train_step
+    self.max_priority = max_priority
+    self._rows_per_item = rows_per_item
+    self.beta = tf.Variable(settings.beta_start, dtype=tf.float32, trainable=False)
+    self.mean_sampled_priority = tf.Variable(0.0, dtype=tf.float32, trainable=False)
+
+  def current_beta(self) -> tf.Tensor:
+    s = self.settings
+    progress = tf.minimum(
+        tf.cast(self._train_step, tf.float32) / float(max(s.beta_steps, 1)), 1.0)
+    return s.beta_start + (1.0 - s.beta_start) * progress
+
+  def weights(self, info: reverb.SampleInfo) -> tf.Tensor:
+    """(N * P(i))**-beta / max over the batch, one weight per training row."""
+    probability = tf.cast(info.probability, tf.float32)
+    size = tf.cast(info.table_size, tf.float32)
+    beta = self.current_beta()
+    self.beta.assign(beta)
+    self.mean_sampled_priority.assign(tf.reduce_mean(tf.cast(info.priority, tf.float32)))
+    weights = tf.pow(size * probability, -beta)
+    weights /= tf.reduce_max(weights)
+    return tf.repeat(weights, self._rows_per_item)
+
+  def update(self, info: reverb.SampleInfo, td_error: tf.Tensor) -> None:
+    """New priority of each sampled item: |TD error| + epsilon (max over its rows)."""
+    errors = tf.reshape(tf.abs(td_error), [-1, self._rows_per_item])
+    priorities = tf.cast(tf.reduce_max(errors, axis=1), tf.float64)
+    priorities += self.settings.priority_epsilon
+    self._client.update_priorities(self._table, info.key, priorities)
+    self.max_priority.assign(tf.maximum(self.max_priority,
+                                        tf.cast(tf.reduce_max(priorities), tf.float32)))
 
 
 class Trainer:
   """Calls `agent.train` `steps_per_call` times per call, inside one tf.function.
 
   Takes no arguments, so nothing from Python can cause a retrace; the trace
-  count is exposed for the logs and the tests.
+  count is exposed for the logs and the tests. With a `PriorityUpdater` each
+  step is weighted by importance weights and updates the sampled priorities.
   """
 
   def __init__(self, agent: dqn_agent.DqnAgent, dataset: tf.data.Dataset,
-               steps_per_call: int):
+               steps_per_call: int, priorities: Optional[PriorityUpdater] = None):
     if steps_per_call < 1:
       raise ValueError(f'steps_per_call must be >= 1, got {steps_per_call}')
     self._agent = agent
     self._iterator = iter(dataset)
     self._steps_per_call = steps_per_call
+    self.priorities = priorities
     self._train = tf.function(self._train_steps, autograph=True)
+
+  def _train_step(self) -> tf.Tensor:
+    experience, info = next(self._iterator)
+    if self.priorities is None:
+      return self._agent.train(experience).loss
+    # Reverb's SampleInfo has one entry per item (not per step): [items].
+    loss_info = self._agent.train(experience, weights=self.priorities.weights(info))
+    self.priorities.update(info, loss_info.extra.td_error)
+    return loss_info.loss
 
   def _train_steps(self) -> tf.Tensor:
     total_loss = tf.constant(0.0)
     for _ in tf.range(self._steps_per_call):
-      experience, _ = next(self._iterator)
-      total_loss += self._agent.train(experience).loss
+      total_loss += self._train_step()
     return total_loss / self._steps_per_call
 
   def __call__(self) -> float:

@@ -14,7 +14,7 @@ import tensorflow as tf
 METRICS_COLUMNS = [
     'train_step', 'env_steps', 'wall_time', 'steps_per_sec', 'loss', 'epsilon',
     'learning_rate', 'replay_size', 'avg_return', 'rss_mb', 'train_traces',
-    'policy_traces']
+    'policy_traces', 'per_beta', 'mean_priority']
 EVAL_COLUMNS = [
     'train_step', 'env_steps', 'wall_time', 'avg_return', 'std_return',
     'avg_episode_length', 'episodes']

@@ -30,17 +30,21 @@ def item_signature(collect_data_spec, sequence_length: int, num_envs: int = 1):
 
 
 def make_table(collect_data_spec, sequence_length: int, capacity: int,
-               num_envs: int = 1, min_size: int = 1) -> reverb.Table:
-  """A uniform FIFO table whose signature rejects inserts of the wrong structure.
+               num_envs: int = 1, min_size: int = 1,
+               priority_exponent: Optional[float] = None) -> reverb.Table:
+  """A FIFO table whose signature rejects inserts of the wrong structure.
 
-  `capacity` counts transitions; with `num_envs` > 1 an item holds one
-  transition of every env (see `GroupedTrajectoryObserver`).
+  Uniform sampling, or prioritized with `priority_exponent` (alpha). `capacity`
+  counts transitions; with `num_envs` > 1 an item holds one transition of every
+  env (see `GroupedTrajectoryObserver`).
   """
   signature = item_signature(collect_data_spec, sequence_length, num_envs)
+  sampler = (reverb.selectors.Uniform() if priority_exponent is None
+             else reverb.selectors.Prioritized(priority_exponent))
   return reverb.Table(
       TABLE,
       max_size=max(1, capacity // num_envs),
-      sampler=reverb.selectors.Uniform(),
+      sampler=sampler,
       remover=reverb.selectors.Fifo(),
       rate_limiter=reverb.rate_limiters.MinSize(min_size),
       signature=signature)
@@ -79,6 +83,11 @@ class GroupedTrajectoryObserver:
     self._writer = client.trajectory_writer(num_keep_alive_refs=sequence_length)
     self._sequence_length = sequence_length
     self._steps = 0
+    self._priority = 1.0
+
+  def update_priority(self, priority: float) -> None:
+    """Priority of the items written from now on (prioritized replay: the max)."""
+    self._priority = priority
 
   def __call__(self, traj: trajectory_lib.Trajectory) -> None:
     self._writer.append(traj)
@@ -86,7 +95,7 @@ class GroupedTrajectoryObserver:
     if self._steps >= self._sequence_length:
       item = tree.map_structure(lambda column: column[-self._sequence_length:],
                                 self._writer.history)
-      self._writer.create_item(TABLE, priority=1.0, trajectory=item)
+      self._writer.create_item(TABLE, priority=self._priority, trajectory=item)
 
   def flush(self) -> None:
     self._writer.flush()
@@ -95,11 +104,21 @@ class GroupedTrajectoryObserver:
     self._writer.close()
 
 
+class TrajectoryObserver(reverb_utils.ReverbAddTrajectoryObserver):
+  """tf-agents' observer for one env, whose item priority can change.
+
+  Prioritized replay inserts new items with the highest priority so far, which
+  moves during training; the tf-agents class fixes it at construction.
+  """
+
+  def update_priority(self, priority: float) -> None:
+    self._priority = priority
+
+
 def make_observer(client: reverb.Client, sequence_length: int, num_envs: int):
   """tf-agents' observer for one env; our grouped one for a batch of envs."""
   if num_envs == 1:
-    return reverb_utils.ReverbAddTrajectoryObserver(
-        client, TABLE, sequence_length=sequence_length, stride_length=1)
+    return TrajectoryObserver(client, TABLE, sequence_length=sequence_length, stride_length=1)
   return GroupedTrajectoryObserver(client, sequence_length)
 
 

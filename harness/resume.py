@@ -27,6 +27,7 @@ REFUSED = {
     'train_eval.replay_capacity': ("Reverb restores the table's old max_size from its "
                                    'checkpoint and would ignore the new one'),
     'train_eval.prioritized_replay': "Reverb restores the table's old sampler from its checkpoint",
+    'PrioritizedReplay.priority_exponent': "Reverb restores the table's old sampler from its checkpoint",
 }
 # Not settings of the run: paths and addresses may differ from launch to launch.
 IGNORED = {'train_eval.root_dir', 'train_eval.replay_address'}
