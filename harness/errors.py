@@ -59,30 +59,40 @@ def log_to_stdout() -> None:
 
 
 @contextlib.contextmanager
-def held_stderr(replay_on_error: bool = False) -> Iterator[None]:
-  """Holds everything written to file descriptor 2 until the block ends.
+def held_output(replay_on_error: bool = False) -> Iterator[None]:
+  """Holds stderr (file descriptor 2) and absl log lines until the block ends.
 
-  On success the held text is written to stderr; on an exception it is dropped
-  (or written when `replay_on_error`), so that a failed start shows only our one
-  error line. Works at the descriptor level because C++ code (TensorFlow, ALE)
+  On success, or on an unexpected exception (a bug: its context helps), the
+  held output is written out. On a `UsageError` it is dropped unless
+  `replay_on_error`, so that a failed start shows only our one error line.
+  stderr is held at the descriptor level because C++ code (TensorFlow, ALE)
   writes there directly, past `sys.stderr`.
   """
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  handler = logging.get_absl_handler().python_handler
+  log_stream, held_log = handler.stream, io.StringIO()
   sys.stderr.flush()
   saved = os.dup(2)
-  failed = True
+  replay = True
   with tempfile.TemporaryFile() as held:
     os.dup2(held.fileno(), 2)
+    handler.stream = held_log
     try:
       yield
-      failed = False
+    except UsageError:
+      replay = replay_on_error
+      raise
     finally:
+      handler.stream = log_stream
       sys.stderr.flush()
       os.dup2(saved, 2)
       os.close(saved)
-      if not failed or replay_on_error:
+      if replay:
         held.seek(0)
         sys.stderr.buffer.write(held.read())
         sys.stderr.flush()
+        log_stream.write(held_log.getvalue())
+        log_stream.flush()
 
 
 # --- gin errors ---------------------------------------------------------------

@@ -169,7 +169,7 @@ def main(argv: List[str]) -> None:
 
   root = run_root(policy_dir)
   config = newest_operative_config(root) if root else None
-  with errors.held_stderr(replay_on_error=logging.get_verbosity() >= logging.DEBUG):
+  with errors.held_output(replay_on_error=logging.get_verbosity() >= logging.DEBUG):
     configured_id = configure_env(config)
     env_id = _ENV_ID.value or configured_id
     if not env_id:

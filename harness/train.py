@@ -145,7 +145,7 @@ def main(argv: List[str]) -> None:
   harness.quiet_tensorflow_logs()
   # Library output while checking the input (gin's logging of a missing file,
   # the ALE banner) is held back: a failed start shows only our error line.
-  with errors.held_stderr(replay_on_error=_verbose()):
+  with errors.held_output(replay_on_error=_verbose()):
     parse_gin(_GIN_FILE.value, _GIN_BINDINGS.value)
     check_values()
     check_env()
