@@ -29,24 +29,22 @@ def item_signature(collect_data_spec, sequence_length: int, num_envs: int = 1):
   return tensor_spec.add_outer_dim(spec, sequence_length)
 
 
-def make_table(collect_data_spec, sequence_length: int, capacity: int,
-               num_envs: int = 1, min_size: int = 1,
-               priority_exponent: Optional[float] = None) -> reverb.Table:
+def make_table(signature, max_items: int, priority_exponent: Optional[float] = None,
+               rate_limiter: Optional[reverb.rate_limiters.RateLimiter] = None,
+               name: str = TABLE) -> reverb.Table:
   """A FIFO table whose signature rejects inserts of the wrong structure.
 
-  Uniform sampling, or prioritized with `priority_exponent` (alpha). `capacity`
-  counts transitions; with `num_envs` > 1 an item holds one transition of every
-  env (see `GroupedTrajectoryObserver`).
+  Uniform sampling, or prioritized with `priority_exponent` (alpha). Sampling
+  may start with one item unless a `rate_limiter` says otherwise.
   """
-  signature = item_signature(collect_data_spec, sequence_length, num_envs)
   sampler = (reverb.selectors.Uniform() if priority_exponent is None
              else reverb.selectors.Prioritized(priority_exponent))
   return reverb.Table(
-      TABLE,
-      max_size=max(1, capacity // num_envs),
+      name,
+      max_size=max(1, max_items),
       sampler=sampler,
       remover=reverb.selectors.Fifo(),
-      rate_limiter=reverb.rate_limiters.MinSize(min_size),
+      rate_limiter=rate_limiter or reverb.rate_limiters.MinSize(1),
       signature=signature)
 
 
@@ -120,6 +118,40 @@ def make_observer(client: reverb.Client, sequence_length: int, num_envs: int):
   if num_envs == 1:
     return TrajectoryObserver(client, TABLE, sequence_length=sequence_length, stride_length=1)
   return GroupedTrajectoryObserver(client, sequence_length)
+
+
+class StepReplay:
+  """Replay of whole steps: table, observer and dataset that fit together.
+
+  One env: an item is `sequence_length` consecutive steps (tf-agents' observer).
+  A batch of envs: an item holds those steps for every env at once
+  (`GroupedTrajectoryObserver`), and the dataset splits it into rows again.
+  """
+
+  def __init__(self, collect_data_spec, sequence_length: int, num_envs: int = 1):
+    self._spec = collect_data_spec
+    self._sequence_length = sequence_length
+    self._num_envs = num_envs
+
+  @property
+  def rows_per_item(self) -> int:
+    """Training rows (transitions) in one table item."""
+    return self._num_envs
+
+  def make_table(self, capacity: int, priority_exponent: Optional[float] = None,
+                 rate_limiter: Optional[reverb.rate_limiters.RateLimiter] = None
+                 ) -> reverb.Table:
+    """`capacity` counts transitions."""
+    return make_table(item_signature(self._spec, self._sequence_length, self._num_envs),
+                      capacity // self._num_envs, priority_exponent, rate_limiter)
+
+  def make_observer(self, client: reverb.Client, num_envs: int):
+    del num_envs  # fixed at construction
+    return make_observer(client, self._sequence_length, self._num_envs)
+
+  def make_dataset(self, server_address: str, batch_size: int) -> tf.data.Dataset:
+    return make_dataset(self._spec, server_address, self._sequence_length, batch_size,
+                        self._num_envs)
 
 
 def make_dataset(collect_data_spec, server_address: str, sequence_length: int,

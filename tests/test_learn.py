@@ -17,7 +17,7 @@ def pieces():
   agent = agents.make_agent(time_step_spec, action_spec, train_utils.create_train_step(),
                             run_state.env_steps, fc_layer_params=(16,),
                             epsilon_greedy=0.2)
-  table = replay.make_table(agent.collect_data_spec, 2, 1000)
+  table = replay.StepReplay(agent.collect_data_spec, 2).make_table(1000)
   server = replay.start_server([table], checkpoint_dir=None)
   client = server.localhost_client()
   observer = replay.make_observer(client, 2, 1)
@@ -74,7 +74,7 @@ def test_grouped_items_rebuild_each_envs_consecutive_steps():
   agent = agents.make_agent(time_step_spec, action_spec, train_utils.create_train_step(),
                             run_state.env_steps, fc_layer_params=(8,))
   server = replay.start_server(
-      [replay.make_table(agent.collect_data_spec, 2, 400, num_envs=4)], checkpoint_dir=None)
+      [replay.StepReplay(agent.collect_data_spec, 2, num_envs=4).make_table(400)], checkpoint_dir=None)
   try:
     client = server.localhost_client()
     observer = replay.make_observer(client, 2, num_envs=4)

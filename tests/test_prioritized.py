@@ -21,8 +21,8 @@ def prioritized(tmp_path_factory):
                             tensor_spec.from_spec(env.action_spec()), train_step,
                             run_state.env_steps, fc_layer_params=(16,))
   settings = learn.PrioritizedReplay(beta_steps=1000)
-  table = replay.make_table(agent.collect_data_spec, 2, 1000,
-                            priority_exponent=settings.priority_exponent)
+  table = replay.StepReplay(agent.collect_data_spec, 2).make_table(
+      1000, priority_exponent=settings.priority_exponent)
   server = replay.start_server([table], checkpoint_dir=None)
   client = server.localhost_client()
   observer = replay.make_observer(client, 2, 1)
