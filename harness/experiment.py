@@ -284,7 +284,8 @@ def train_eval(root_dir: str,
                seed: int = 0,
                prioritized_replay: bool = False,
                job: str = 'all',
-               replay_address: Optional[str] = None) -> None:
+               replay_address: Optional[str] = None,
+               collector_id: int = 0) -> None:
   """Trains and evaluates a DdqnAgent until `num_env_steps`.
 
   Args:
@@ -307,6 +308,7 @@ def train_eval(root_dir: str,
     job: `all` runs everything in this process; `replay`, `collect`, `learn`
       and `eval` are the jobs of a distributed run (see distributed.py).
     replay_address: host:port of the Reverb server of a distributed run.
+    collector_id: which collector this is (`--job=collect`): its seed and file.
   """
   cfg = RunConfig(root_dir, num_env_steps, replay_capacity, batch_size, initial_collect_steps,
                   num_envs, collect_steps_per_iteration, train_steps_per_iteration,
@@ -321,7 +323,7 @@ def train_eval(root_dir: str,
     run_single_process(cfg)
   else:
     from harness import distributed  # pylint: disable=g-import-not-at-top
-    distributed.run_job(cfg)
+    distributed.run_job(cfg, collector_id)
 
 
 def run_single_process(cfg: RunConfig) -> None:

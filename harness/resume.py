@@ -30,7 +30,8 @@ REFUSED = {
     'PrioritizedReplay.priority_exponent': "Reverb restores the table's old sampler from its checkpoint",
 }
 # Not settings of the run: paths and addresses may differ from launch to launch.
-IGNORED = {'train_eval.root_dir', 'train_eval.replay_address'}
+IGNORED = {'train_eval.root_dir', 'train_eval.replay_address', 'train_eval.job',
+           'train_eval.collector_id'}
 
 
 @dataclasses.dataclass

@@ -24,6 +24,7 @@ import gin
 
 from harness import agents
 from harness import envs
+from harness import distributed  # pylint: disable=unused-import  (registers configurables)
 from harness import experiment
 from harness import errors
 from harness.errors import UsageError
@@ -36,11 +37,14 @@ _GIN_BINDINGS = flags.DEFINE_multi_string(
 _JOB = flags.DEFINE_enum('job', 'all', ['all', 'replay', 'collect', 'learn', 'eval'],
                          'Which job this process runs; `all` runs everything in one process.')
 _REPLAY_ADDRESS = flags.DEFINE_string(
-    'replay_address', None, 'host:port of a Reverb server for the connecting jobs.')
+    'replay_address', None, 'host:port of a Reverb server for the connecting jobs '
+    '(for --job=replay: the port it listens on).')
+_COLLECTOR_ID = flags.DEFINE_integer(
+    'collector_id', 0, 'Which collector this is (--job=collect): its seed and csv file.')
 
 _PROGRAM = 'harness-train'
 # Jobs that connect to a replay server started elsewhere (`--job=replay`).
-_JOBS_NEEDING_REPLAY = ('collect', 'learn')
+_JOBS_NEEDING_REPLAY = ('replay', 'collect', 'learn', 'eval')
 
 
 def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
@@ -80,6 +84,9 @@ def check_root_dir(root_dir: Optional[str]) -> None:
 
 
 def check_job(job: str, replay_address: Optional[str]) -> None:
+  if job == 'replay' and not replay_address:
+    raise UsageError('--job=replay needs --replay_address=host:port: the port it serves on, '
+                     'e.g. --replay_address=localhost:8000')
   if job in _JOBS_NEEDING_REPLAY and not replay_address:
     raise UsageError(f'--job={job} needs --replay_address=host:port of a running replay '
                      'server: start one with --job=replay (or use --job=all)')
@@ -128,13 +135,8 @@ def check_env() -> None:
 
 
 def _call_experiment() -> None:
-  kwargs = dict(root_dir=_ROOT_DIR.value, replay_address=_REPLAY_ADDRESS.value)
-  # The split jobs plug in once `train_eval` takes a `job` argument.
-  if 'job' in inspect.signature(experiment.train_eval).parameters:
-    kwargs['job'] = _JOB.value
-  elif _JOB.value != 'all':
-    raise UsageError(f'--job={_JOB.value} is not available yet: use --job=all')
-  experiment.train_eval(**kwargs)
+  experiment.train_eval(root_dir=_ROOT_DIR.value, replay_address=_REPLAY_ADDRESS.value,
+                        job=_JOB.value, collector_id=_COLLECTOR_ID.value)
 
 
 def main(argv: List[str]) -> None:

@@ -1,0 +1,321 @@
+"""The jobs of a distributed run: replay server, collectors, learner, evaluator.
+
+All jobs read the same gin file. Reverb is the transport: the replay job serves
+the replay table and a one-slot `variables` table; the learner pushes policy
+weights there (tf-agents' `ReverbVariableContainer`) and collectors pull them.
+
+Env steps of a distributed run are counted by the learner through the replay
+ratio that the rate limiter enforces: env_steps = initial_collect_steps +
+train_step / replay_ratio. The count is exact up to the limiter's tolerance,
+survives restarts of any job, and is what `num_env_steps` is compared with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from typing import Callable, Dict, Optional, TypeVar
+
+from absl import logging
+import gin
+import reverb
+import tensorflow as tf
+from tf_agents.experimental.distributed import reverb_variable_container
+
+from harness import checkpoints
+from harness import collect
+from harness import envs
+from harness import learn
+from harness import metrics
+from harness import replay
+from harness.errors import UsageError
+from harness.experiment import (AgentParts, Reporter, RunConfig, RunDirectory, build_agent,
+                                crossed, make_collect_env, make_replay_table, metrics_row,
+                                prioritized_settings, replay_layout)
+
+VARIABLES_TABLE = reverb_variable_container.DEFAULT_TABLE
+COLLECTOR_COLUMNS = ['wall_time', 'env_steps', 'policy_train_step', 'epsilon']
+T = TypeVar('T')
+# What a lost connection to the replay server looks like from TF and from Reverb.
+_CONNECTION_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                      tf.errors.CancelledError, tf.errors.OutOfRangeError,
+                      tf.errors.InternalError, tf.errors.AbortedError, RuntimeError)
+
+
+@gin.configurable
+@dataclasses.dataclass
+class Distributed:
+  """Settings of a distributed run (`--job=replay|collect|learn|eval`).
+
+  Attributes:
+    tolerance_inserts: how many inserts collectors may run ahead of (or behind)
+      the learner's samples-per-insert ratio before the rate limiter blocks.
+    pull_interval_steps: env steps between a collector's weight pulls.
+    push_interval_steps: train steps between the learner's weight pushes.
+    max_unreachable_seconds: a job that cannot reach the replay server for this
+      long gives up with exit status 2.
+    eval_in_learner: the learner evaluates (set False when an eval job runs).
+    eval_job_interval_seconds: how often an eval job evaluates the newest weights.
+  """
+  tolerance_inserts: int = 500
+  pull_interval_steps: int = 200
+  push_interval_steps: int = 100
+  max_unreachable_seconds: float = 60.0
+  eval_in_learner: bool = True
+  eval_job_interval_seconds: float = 30.0
+
+
+def _check_address(cfg: RunConfig) -> str:
+  if not cfg.replay_address or ':' not in cfg.replay_address:
+    raise UsageError(f'--job={cfg.job} needs --replay_address=host:port (got '
+                     f'{cfg.replay_address!r})')
+  return cfg.replay_address
+
+
+def wait_for_server(address: str, limit_s: float) -> reverb.Client:
+  """A client of a reachable server, retrying with back-off for `limit_s` seconds."""
+  deadline, delay = time.time() + limit_s, 0.25
+  while True:
+    client = reverb.Client(address)
+    try:
+      client.server_info(timeout=5)
+      return client
+    except Exception as e:  # pylint: disable=broad-except  (any failure = not reachable)
+      if time.time() + delay > deadline:
+        raise UsageError(
+            f'cannot reach the replay server at {address} for {limit_s:.0f} s ({type(e).__name__}): '
+            'start it with --job=replay, check --replay_address, or raise '
+            'Distributed.max_unreachable_seconds') from e
+      logging.warning('Replay server at %s unreachable (%s); retrying in %.1f s', address,
+                      type(e).__name__, delay)
+      time.sleep(delay)
+      delay = min(delay * 2, 5.0)
+
+
+def _retrying(settings: Distributed, address: str, action: Callable[[], T],
+              reconnect: Callable[[reverb.Client], None]) -> T:
+  """Runs `action`; on a lost connection waits for the server, reconnects, retries."""
+  while True:
+    try:
+      return action()
+    except _CONNECTION_ERRORS as e:
+      logging.warning('Lost the replay server (%s: %s); reconnecting', type(e).__name__,
+                      str(e).splitlines()[0] if str(e) else '')
+      reconnect(wait_for_server(address, settings.max_unreachable_seconds))
+
+
+def shared_variables(parts: AgentParts) -> Dict[str, object]:
+  """What the learner pushes and collectors pull: weights, epsilon, counters.
+
+  The epsilon variables travel too, so collectors use the learner's (possibly
+  re-applied) settings, and `env_steps` drives their epsilon schedule.
+  """
+  schedule = parts.agent.epsilon_schedule
+  return {
+      reverb_variable_container.POLICY_KEY: parts.agent.policy.variables(),
+      'epsilon': [schedule.start, schedule.end, schedule.decay_steps],
+      'env_steps': parts.run_state.env_steps,
+      reverb_variable_container.TRAIN_STEP_KEY: parts.train_step,
+  }
+
+
+def _variables_table(parts: AgentParts) -> reverb.Table:
+  signature = tf.nest.map_structure(lambda v: tf.TensorSpec(v.shape, v.dtype),
+                                    shared_variables(parts))
+  return reverb.Table(VARIABLES_TABLE, max_size=1, sampler=reverb.selectors.Uniform(),
+                      remover=reverb.selectors.Fifo(),
+                      rate_limiter=reverb.rate_limiters.MinSize(1), signature=signature)
+
+
+def _rate_limiter(cfg: RunConfig, settings: Distributed, rows_per_item: int):
+  """Samples per insert that hold the replay ratio between learner and collectors."""
+  samples_per_insert = cfg.batch_size * cfg.replay_ratio / rows_per_item
+  min_items = max(1, cfg.initial_collect_steps // rows_per_item)
+  error_buffer = max(settings.tolerance_inserts * samples_per_insert,
+                     2.0 * max(1.0, samples_per_insert))
+  return reverb.rate_limiters.SampleToInsertRatio(samples_per_insert, min_items, error_buffer)
+
+
+def run_job(cfg: RunConfig, collector_id: int = 0) -> None:
+  """Runs the job that `cfg.job` names."""
+  settings = Distributed()
+  address = _check_address(cfg)
+  if cfg.job == 'replay':
+    run_replay(cfg, settings, address)
+  elif cfg.job == 'collect':
+    run_collector(cfg, settings, address, collector_id)
+  elif cfg.job == 'learn':
+    run_learner(cfg, settings, address)
+  else:
+    run_evaluator(cfg, settings, address)
+
+
+def run_replay(cfg: RunConfig, settings: Distributed, address: str) -> None:
+  """Serves the replay and variables tables until SIGTERM or SIGINT.
+
+  The learner asks for a replay checkpoint together with each of its own, so
+  the two stay paired; this job writes only `ROOT/replay/`.
+  """
+  parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
+  layout = replay_layout(cfg, parts)
+  table = make_replay_table(cfg, layout, _rate_limiter(cfg, settings, layout.rows_per_item))
+  port = int(address.rsplit(':', 1)[1])
+  server = replay.start_server([table, _variables_table(parts)],
+                               replay.replay_dir(cfg.root_dir), port=port)
+  logging.info('Replay job serving %s and %s on port %d (all interfaces, no authentication)',
+               replay.TABLE, VARIABLES_TABLE, server.port)
+  stop = []
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda *_: stop.append(True))
+  while not stop:
+    time.sleep(0.5)
+  logging.info('Replay job stopping')
+  server.stop()
+
+
+class _CollectorConnection:
+  """A collector's client, observer and variable container; rebuilt on reconnect."""
+
+  def __init__(self, layout, num_envs: int, address: str, client: reverb.Client):
+    self._layout, self._num_envs, self._address = layout, num_envs, address
+    self.connect(client)
+
+  def connect(self, client: reverb.Client) -> None:
+    self.client = client
+    self.observer = self._layout.make_observer(client, self._num_envs)
+    self.variables = reverb_variable_container.ReverbVariableContainer(self._address)
+
+  def __call__(self, traj) -> None:
+    self.observer(traj)
+
+
+def run_collector(cfg: RunConfig, settings: Distributed, address: str,
+                  collector_id: int) -> None:
+  """Steps its own envs, inserts into the replay table, pulls weights periodically."""
+  seed = cfg.seed + 1000 * (collector_id + 1)
+  env = make_collect_env(cfg, seed)
+  parts = build_agent(cfg, env)
+  layout = replay_layout(cfg, parts)
+  conn = _CollectorConnection(layout, cfg.num_envs, address,
+                              wait_for_server(address, settings.max_unreachable_seconds))
+  stats = metrics.EpisodeStats(cfg.num_envs)
+  collector = collect.Collector(env, parts.agent.collect_policy, [conn, stats],
+                                settings.pull_interval_steps)
+  variables = shared_variables(parts)
+  os.makedirs(os.path.join(cfg.root_dir, 'collectors'), exist_ok=True)
+  log = metrics.CsvLog(os.path.join(cfg.root_dir, 'collectors',
+                                    f'collector-{collector_id}.csv'), COLLECTOR_COLUMNS)
+  # Until the learner has pushed weights, act with epsilon_start (random).
+  pulled = False
+
+  def pull() -> None:
+    nonlocal pulled
+    if conn.client.server_info(timeout=5)[VARIABLES_TABLE].current_size > 0:
+      conn.variables.update(variables)
+      pulled = True
+
+  logging.info('Collector %d connected to %s', collector_id, address)
+  while True:
+    _retrying(settings, address, pull, conn.connect)
+    learner_env_steps = int(parts.run_state.env_steps.numpy())
+    log.append({'wall_time': time.time(), 'env_steps': stats.env_steps,
+                'policy_train_step': int(parts.train_step.numpy()) if pulled else -1,
+                'epsilon': float(parts.agent.epsilon_schedule().numpy())})
+    if pulled and learner_env_steps >= cfg.num_env_steps:
+      logging.info('Learner reached its target (%d env steps): collector %d done',
+                   learner_env_steps, collector_id)
+      break
+    _retrying(settings, address, collector.run, conn.connect)
+  conn.observer.close()
+
+
+def _env_steps_of(cfg: RunConfig, train_step: int) -> int:
+  return cfg.initial_collect_steps + int(round(train_step / cfg.replay_ratio))
+
+
+def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
+  """Trains from the server's dataset, pushes weights, checkpoints, logs, evaluates."""
+  parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
+  run_dir = RunDirectory(cfg.root_dir, parts)
+  layout = replay_layout(cfg, parts)
+  train_step, run_state = parts.train_step, parts.run_state
+  client = wait_for_server(address, settings.max_unreachable_seconds)
+  pair_warning = (checkpoints.check_replay_pair(run_state, replay.replay_dir(cfg.root_dir))
+                  if run_dir.checkpointer.restored else None)
+  run_dir.write_launch_files(pair_warning)
+  reporter = Reporter(cfg, parts, run_dir.restored_step)
+  per = prioritized_settings(cfg)
+  state = {}
+
+  def connect(new_client: reverb.Client) -> None:
+    state['client'] = new_client
+    state['variables'] = reverb_variable_container.ReverbVariableContainer(address)
+    priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, train_step,
+                                               run_state.max_priority, layout.rows_per_item)
+    # A new dataset after a reconnect means one more trace of the train function.
+    state['trainer'] = learn.Trainer(parts.agent, layout.make_dataset(address, cfg.batch_size),
+                                     cfg.train_steps_per_iteration, priorities)
+
+  def push() -> None:
+    state['variables'].push(shared_variables(parts))
+
+  def save_checkpoint() -> None:
+    checkpoints.save_pair(state['client'], run_dir.checkpointer, run_state, train_step)
+    reporter.exporter.save_current()
+
+  connect(client)
+  env_steps = _env_steps_of(cfg, int(train_step.numpy()))
+  run_state.env_steps.assign(env_steps)
+  _retrying(settings, address, push, connect)
+  reporter.start_clock(env_steps)
+  loss = float('nan')
+  logging.info('Learner training from %s until %d env steps', address, cfg.num_env_steps)
+  while env_steps < cfg.num_env_steps:
+    before = env_steps
+    loss = _retrying(settings, address, lambda: state['trainer'](), connect)
+    env_steps = _env_steps_of(cfg, int(train_step.numpy()))
+    run_state.env_steps.assign(env_steps)
+    done = env_steps >= cfg.num_env_steps
+    if crossed(before, env_steps, settings.push_interval_steps) or done:
+      _retrying(settings, address, push, connect)
+    if crossed(before, env_steps, cfg.log_interval) or done:
+      size = _retrying(settings, address, lambda: replay.table_size(state['client']), connect)
+      reporter.log(metrics_row(parts, env_steps, loss, size * layout.rows_per_item,
+                               float('nan'), state['trainer'], None))
+    if settings.eval_in_learner and (crossed(before, env_steps, cfg.eval_interval) or done):
+      reporter.evaluate(env_steps)
+    if crossed(before, env_steps, cfg.checkpoint_interval) or done:
+      _retrying(settings, address, save_checkpoint, connect)
+  if not os.path.exists(reporter.exporter.path('greedy_policy')):
+    _retrying(settings, address, save_checkpoint, connect)
+  # The final push carries env_steps >= target: collectors see it and stop.
+  _retrying(settings, address, push, connect)
+  logging.info('Learner done: env_steps %d, train_step %d', env_steps,
+               int(train_step.numpy()))
+  reporter.close()
+
+
+def run_evaluator(cfg: RunConfig, settings: Distributed, address: str) -> None:
+  """Evaluates the newest pushed weights every `eval_job_interval_seconds`.
+
+  Writes eval.csv rows itself; run it with `Distributed.eval_in_learner=False`.
+  """
+  parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
+  reporter = Reporter(cfg, parts, restored_step=2**62)
+  client = wait_for_server(address, settings.max_unreachable_seconds)
+  container = reverb_variable_container.ReverbVariableContainer(address)
+  variables = shared_variables(parts)
+  last_step = -1
+  while True:
+    if client.server_info(timeout=5)[VARIABLES_TABLE].current_size > 0:
+      container.update(variables)
+      env_steps = int(parts.run_state.env_steps.numpy())
+      if int(parts.train_step.numpy()) != last_step:
+        last_step = int(parts.train_step.numpy())
+        reporter.evaluate(env_steps)
+      if env_steps >= cfg.num_env_steps:
+        break
+    time.sleep(settings.eval_job_interval_seconds)
+  reporter.close()
