@@ -105,3 +105,14 @@ def test_replay_server_restarted_mid_run_and_the_run_completes(tmp_path):
   assert int(rows[-1]['env_steps']) == 2500
   # The learner kept training through the restart (Reverb's client retries, ours backs off).
   assert sum(float(r['wall_time']) > killed_at for r in rows) >= 2
+
+
+def test_collector_that_cannot_reach_the_server_exits_2(tmp_path):
+  import portpicker  # pylint: disable=g-import-not-at-top
+  from tests.cli import harness_train  # pylint: disable=g-import-not-at-top
+  root = tmp_path / 'run'
+  result = harness_train(str(root), ['Distributed.max_unreachable_seconds=2'], extra_flags=[
+      '--job=collect', f'--replay_address=localhost:{portpicker.pick_unused_port()}'])
+  assert result.returncode == 2
+  last = result.stderr.strip().splitlines()[-1]
+  assert 'cannot reach the replay server' in last and '--job=replay' in last
