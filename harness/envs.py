@@ -57,11 +57,19 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
 
   Auto-reset is left to `PyEnvironment` (`handle_auto_reset=True`): the step
   after a LAST time step resets the env and returns a FIRST time step.
+
+  With `life_loss_as_terminal`, a step that loses a life (read from
+  `info['lives']`) keeps its MID step type but gets discount 0: the TD target
+  does not bootstrap across a lost life (the classic DQN trick), while the
+  episode, and so the reported return, still covers the whole game.
   """
 
-  def __init__(self, env: gym.Env, env_id: str = '', seed: Optional[int] = None):
+  def __init__(self, env: gym.Env, env_id: str = '', seed: Optional[int] = None,
+               life_loss_as_terminal: bool = False):
     super().__init__(handle_auto_reset=True)
     self._env = env
+    self._life_loss_as_terminal = life_loss_as_terminal
+    self._lives: Optional[int] = None
     self._env_id = env_id or str(env.spec.id if env.spec else env)
     self._observation_spec = _observation_spec(env.observation_space)
     self._action_spec = _action_spec(env.action_space, self._env_id)
@@ -89,6 +97,7 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
     # seeded run is reproducible without repeating the same episode.
     seed, self._seed = self._seed, None
     obs, self._last_info = self._env.reset(seed=seed)
+    self._lives = self._last_info.get('lives')
     return ts.restart(self._observation(obs))
 
   def _step(self, action: np.ndarray) -> ts.TimeStep:
@@ -100,7 +109,13 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
       return ts.termination(obs, reward)
     if truncated:
       return ts.truncation(obs, reward, discount=np.float32(1.0))
-    return ts.transition(obs, reward, discount=np.float32(1.0))
+    discount = np.float32(1.0)
+    lives = self._last_info.get('lives')
+    if self._life_loss_as_terminal and lives is not None and self._lives is not None:
+      if lives < self._lives:
+        discount = np.float32(0.0)  # no bootstrap across a lost life
+    self._lives = lives
+    return ts.transition(obs, reward, discount=discount)
 
   def render(self, mode: str = 'rgb_array') -> Optional[np.ndarray]:
     return self._env.render()
@@ -132,7 +147,8 @@ def make_env(env_id: str = 'CartPole-v1',
              seed: Optional[int] = None,
              make_kwargs: Optional[dict] = None,
              wrappers: Sequence[EnvWrapper] = (),
-             render_mode: Optional[str] = None) -> GymnasiumPyEnvironment:
+             render_mode: Optional[str] = None,
+             life_loss_as_terminal: bool = False) -> GymnasiumPyEnvironment:
   """Builds one environment.
 
   Args:
@@ -142,15 +158,22 @@ def make_env(env_id: str = 'CartPole-v1',
     make_kwargs: extra keyword arguments for `gymnasium.make`.
     wrappers: gymnasium wrappers (callables env -> env), innermost first.
     render_mode: passed to `gymnasium.make` (`rgb_array` for videos).
+    life_loss_as_terminal: discount 0 on a step that loses a life (learning
+      target only; the episode goes on). Needs `info['lives']` (Atari).
   """
   check_env_id(env_id)
   kwargs = dict(make_kwargs or {})
   if render_mode:
     kwargs['render_mode'] = render_mode
   env = gym.make(env_id, **kwargs)
+  if life_loss_as_terminal and not hasattr(env.unwrapped, 'ale'):
+    raise UsageError(
+        f'make_env.life_loss_as_terminal=True needs a game with lives (an ALE/... id); '
+        f'{env_id} has none: remove the binding')
   for wrap in wrappers:
     env = wrap(env)
-  return GymnasiumPyEnvironment(env, env_id=env_id, seed=seed)
+  return GymnasiumPyEnvironment(env, env_id=env_id, seed=seed,
+                                life_loss_as_terminal=life_loss_as_terminal)
 
 
 def make_batched_env(num_envs: int, seed: int) -> py_environment.PyEnvironment:
