@@ -41,6 +41,9 @@ _MAX_EXACT_FLOAT32_INT = 2**24
 class FrameReplay:
   """Table, observer and dataset of the frame-once replay for one agent.
 
+  Same interface as `replay.StepReplay`, so `experiment.replay_layout` can hand
+  out either. One item per env step (one writer per env of a batch).
+
   Args:
     collect_data_spec: the agent's `collect_data_spec` (a Trajectory of specs);
       its observation must be uint8 (H, W, stack_size), newest frame last.
@@ -81,24 +84,24 @@ class FrameReplay:
     return {'frame': tf.TensorSpec((self.window,) + self.frame_shape, tf.uint8, 'frame'),
             'meta': tf.TensorSpec((self.window, len(_META)), tf.float32, 'meta')}
 
-  def make_table(self, capacity: int, name: str = replay.TABLE,
-                 sampler: Optional[reverb.selectors.ItemSelector] = None,
-                 min_size: int = 1) -> reverb.Table:
-    """A FIFO table (uniform sampling unless `sampler` says otherwise)."""
-    return reverb.Table(
-        name,
-        max_size=capacity,
-        sampler=sampler or reverb.selectors.Uniform(),
-        remover=reverb.selectors.Fifo(),
-        rate_limiter=reverb.rate_limiters.MinSize(min_size),
-        signature=self.signature())
+  @property
+  def rows_per_item(self) -> int:
+    """Training rows (transitions) in one table item."""
+    return 1
+
+  def make_table(self, capacity: int, priority_exponent: Optional[float] = None,
+                 rate_limiter: Optional[reverb.rate_limiters.RateLimiter] = None
+                 ) -> reverb.Table:
+    """The FIFO replay table (`replay.make_table`) for frame items; `capacity` counts transitions."""
+    logging.info('Frame-once replay: %d-frame stacks rebuilt from items of %d steps',
+                 self.stack_size, self.window)
+    return replay.make_table(self.signature(), capacity, priority_exponent, rate_limiter)
 
   def make_observer(self, client: reverb.Client, num_envs: int,
                     table: str = replay.TABLE) -> 'FrameObserver':
     return FrameObserver(self, client, num_envs, table)
 
-  def make_dataset(self, server_address: str, batch_size: int,
-                   table: str = replay.TABLE) -> tf.data.Dataset:
+  def make_dataset(self, server_address: str, batch_size: int) -> tf.data.Dataset:
     """Batches of (Trajectory with [B, sequence_length, H, W, stack] observations, SampleInfo).
 
     Stacks are rebuilt after batching (one gather per batch); batches keep a
@@ -106,10 +109,10 @@ class FrameReplay:
     """
     signature = self.signature()
     dataset = reverb.TrajectoryDataset(
-        server_address, table,
+        server_address, replay.TABLE,
         dtypes=tree.map_structure(lambda s: s.dtype, signature),
         shapes=tree.map_structure(lambda s: s.shape, signature),
-        max_in_flight_samples_per_worker=4 * batch_size,
+        max_in_flight_samples_per_worker=max(16, 4 * batch_size),
         num_workers_per_iterator=2)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     dataset = dataset.map(lambda sample: (self.stacked_trajectory(sample.data), sample.info))
@@ -159,6 +162,7 @@ class _EnvWriter:
     for column in ('frame', 'meta'):
       self._writer.configure((column,), num_keep_alive_refs=keep,
                              max_chunk_length=replay_.chunk_length)
+    self.priority = 1.0
     self._appended = 0      # steps in the writer's history, padding included
     self._real = 0          # steps observed
     self._previous: Optional[np.ndarray] = None
@@ -199,7 +203,7 @@ class _EnvWriter:
       window = self._replay.window
       history = self._writer.history
       self._writer.create_item(
-          self._table, priority=1.0,
+          self._table, priority=self.priority,
           trajectory={'frame': history['frame'][-window:], 'meta': history['meta'][-window:]})
 
   def flush(self) -> None:
@@ -218,6 +222,11 @@ class FrameObserver:
     self._batched = num_envs > 1
     self._writers: List[_EnvWriter] = [
         _EnvWriter(replay_, client, table) for _ in range(num_envs)]
+
+  def update_priority(self, priority: float) -> None:
+    """Priority of the items written from now on (prioritized replay: the max)."""
+    for writer in self._writers:
+      writer.priority = priority
 
   def __call__(self, traj: trajectory_lib.Trajectory) -> None:
     if not self._batched:
@@ -268,7 +277,4 @@ def frame_replay(collect_data_spec: trajectory_lib.Trajectory, sequence_length: 
     if clip_reward is not None:
       raise UsageError('frame_replay.clip_reward needs frame_replay.enabled=True')
     return None
-  result = FrameReplay(collect_data_spec, sequence_length, clip_reward, chunk_length)
-  logging.info('Frame-once replay: %d-frame stacks, items span %d steps',
-               result.stack_size, result.window)
-  return result
+  return FrameReplay(collect_data_spec, sequence_length, clip_reward, chunk_length)
