@@ -16,7 +16,7 @@ import dataclasses
 import os
 import signal
 import time
-from typing import Callable, Dict, Optional, TypeVar
+from typing import Callable, Dict, TypeVar
 
 from absl import logging
 import gin

@@ -32,3 +32,8 @@ def harness_train(root_dir: str, bindings: Sequence[str] = (),
   cmd += list(extra_flags)
   return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
                         env=env)
+
+
+def tail(result: subprocess.CompletedProcess, chars: int = 3000) -> str:
+  """The end of a finished run's log (stdout) and errors (stderr), for failure messages."""
+  return (result.stdout[-chars:] + '\n--- stderr ---\n' + result.stderr[-chars:])

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from tests.cli import TINY_BINDINGS, harness_train
+from tests.cli import TINY_BINDINGS, harness_train, tail
 
 METRICS_COLUMNS = {'train_step', 'env_steps', 'wall_time', 'steps_per_sec', 'loss', 'epsilon',
                    'learning_rate', 'replay_size', 'avg_return', 'rss_mb'}
@@ -25,7 +25,7 @@ def tiny_run(tmp_path_factory):
   result = harness_train(root, TINY_BINDINGS + ['make_agent.epsilon_greedy=0.2',
                                                 'make_agent.epsilon_decay_steps=0',
                                                 'make_agent.learning_rate=5e-4'])
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.returncode == 0, tail(result)
   return root
 
 
@@ -76,7 +76,7 @@ def test_target_is_absolute_a_second_launch_does_nothing_new(tiny_run):
   result = harness_train(tiny_run, TINY_BINDINGS + ['make_agent.epsilon_greedy=0.2',
                                                     'make_agent.epsilon_decay_steps=0',
                                                     'make_agent.learning_rate=5e-4'])
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.returncode == 0, tail(result)
   assert _rows(os.path.join(tiny_run, 'metrics.csv')) == before
 
 
@@ -116,7 +116,7 @@ def test_env_registered_by_a_module_that_the_gin_file_imports(tmp_path):
                          gin_files=[os.path.join(os.path.dirname(__file__), '..', 'gin',
                                                  'ddqn_cartpole.gin'),
                                     str(tmp_path / 'corridor.gin')])
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.returncode == 0, tail(result)
   assert "make_env.env_id = 'MyCorridor-v0'" in open(
       os.path.join(root, 'config', 'operative_config-0.gin')).read()
   assert int(_rows(os.path.join(root, 'metrics.csv'))[-1]['env_steps']) == 300

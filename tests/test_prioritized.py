@@ -9,7 +9,7 @@ from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 
 from harness import agents, checkpoints, collect, envs, learn, metrics, replay
-from tests.cli import TINY_BINDINGS, harness_train
+from tests.cli import TINY_BINDINGS, harness_train, tail
 
 
 @pytest.fixture(scope='module')
@@ -81,7 +81,7 @@ def test_priorities_survive_a_checkpoint_and_a_resume(tmp_path):
   bindings = TINY_BINDINGS + ['train_eval.prioritized_replay=True',
                               'PrioritizedReplay.beta_steps=1000']
   result = harness_train(root, bindings)
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.returncode == 0, tail(result)
   rows = metrics.CsvLog(os.path.join(root, 'metrics.csv'), metrics.METRICS_COLUMNS).rows()
   betas = [float(r['per_beta']) for r in rows]
   assert betas == sorted(betas) and 0.4 < betas[-1] < 1.0
@@ -98,6 +98,6 @@ def test_priorities_survive_a_checkpoint_and_a_resume(tmp_path):
     server.stop()
   # Resume: beta continues from the restored step instead of starting at beta_start.
   result = harness_train(root, bindings + ['train_eval.num_env_steps=800'])
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.returncode == 0, tail(result)
   resumed = metrics.CsvLog(os.path.join(root, 'metrics.csv'), metrics.METRICS_COLUMNS).rows()
   assert float(resumed[len(rows)]['per_beta']) > betas[-1]

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 from tf_agents.trajectories import time_step as ts
 
-from tests.cli import CARTPOLE_GIN, REPO, harness_train
+from tests.cli import CARTPOLE_GIN, REPO, harness_train, tail
 
 BASE = [
     'train_eval.initial_collect_steps=200',
@@ -64,13 +64,13 @@ def _disagreement(collect_dir, greedy_dir, n=3000):
 def resumed_run(tmp_path_factory):
   root = str(tmp_path_factory.mktemp('resume') / 'run')
   first = harness_train(root, FIRST)
-  assert first.returncode == 0, first.stderr[-3000:]
+  assert first.returncode == 0, tail(first)
   before = str(tmp_path_factory.mktemp('policies_before'))
   for name in ('collect_policy', 'greedy_policy'):
     shutil.copytree(os.path.join(root, 'policies', name), os.path.join(before, name))
   rows_before = len(_rows(os.path.join(root, 'metrics.csv')))
   second = harness_train(root, SECOND)
-  assert second.returncode == 0, second.stderr[-3000:]
+  assert second.returncode == 0, tail(second)
   return root, before, rows_before, second
 
 
@@ -149,7 +149,7 @@ def test_sigkill_after_first_checkpoint_then_same_command_completes(tmp_path):
   proc.wait()
   assert proc.returncode == -signal.SIGKILL
   result = harness_train(root, bindings)
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.returncode == 0, tail(result)
   rows = _rows(os.path.join(root, 'metrics.csv'))
   steps = [int(r['train_step']) for r in rows]
   assert steps == sorted(set(steps)), 'a train_step appears twice in metrics.csv'
