@@ -6,6 +6,8 @@ from typing import Callable, List
 
 from tf_agents.drivers import py_driver
 from tf_agents.environments import py_environment
+import tensorflow as tf
+from tf_agents.policies import py_policy
 from tf_agents.policies import py_tf_eager_policy
 from tf_agents.policies import random_py_policy
 from tf_agents.policies import tf_policy
@@ -13,17 +15,40 @@ from tf_agents.policies import tf_policy
 Observer = Callable[[object], None]
 
 
+class _NumpyOutputs(py_policy.PyPolicy):
+  """A PyTFEagerPolicy whose actions come back as numpy arrays.
+
+  With `batch_time_steps=False` (a batched env) PyTFEagerPolicy returns eager
+  tensors, and BatchedPyEnvironment then slices them per env with TF ops: 3x
+  slower collection on CartPole than numpy.
+  """
+
+  def __init__(self, policy: py_tf_eager_policy.PyTFEagerPolicy):
+    super().__init__(policy.time_step_spec, policy.action_spec, policy.policy_state_spec,
+                     policy.info_spec)
+    self.eager = policy
+
+  def _get_initial_state(self, batch_size):
+    return self.eager.get_initial_state(batch_size)
+
+  def _action(self, time_step, policy_state):
+    step = self.eager.action(time_step, policy_state)
+    return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, 'numpy') else t, step)
+
+
 def eager_policy(policy: tf_policy.TFPolicy,
-                 env: py_environment.PyEnvironment) -> py_tf_eager_policy.PyTFEagerPolicy:
+                 env: py_environment.PyEnvironment) -> py_policy.PyPolicy:
   """Runs a TF policy from Python through one traced `tf.function`."""
-  return py_tf_eager_policy.PyTFEagerPolicy(
+  eager = py_tf_eager_policy.PyTFEagerPolicy(
       policy, use_tf_function=True, batch_time_steps=not env.batched)
+  return _NumpyOutputs(eager) if env.batched else eager
 
 
-def policy_trace_count(policy: py_tf_eager_policy.PyTFEagerPolicy) -> int:
+def policy_trace_count(policy: py_policy.PyPolicy) -> int:
   """How many times the policy's action function has been traced."""
+  eager = getattr(policy, 'eager', policy)
   # pylint: disable=protected-access
-  return int(policy._policy_action_fn.experimental_get_tracing_count())
+  return int(eager._policy_action_fn.experimental_get_tracing_count())
 
 
 class Collector:
