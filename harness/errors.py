@@ -18,7 +18,7 @@ import re
 import sys
 import tempfile
 import tokenize
-from typing import Iterator, List, Sequence
+from typing import Callable, Iterator, List, Sequence
 
 import gin
 
@@ -47,6 +47,21 @@ def report(program: str, error: BaseException, verbose: bool) -> None:
     import traceback  # pylint: disable=g-import-not-at-top
     traceback.print_exception(error)
   print(f'{program}: error: {first_line(error)}', file=sys.stderr, flush=True)
+
+
+def run_app(program: str, main: Callable[[List[str]], None]) -> None:
+  """`absl.app.run(main)`, with the log on stdout and a UsageError as one line, exit 2."""
+  from absl import app, logging  # pylint: disable=g-import-not-at-top
+
+  def main_with_clean_errors(argv: List[str]) -> None:
+    log_to_stdout()
+    try:
+      main(argv)
+    except UsageError as e:
+      report(program, e, logging.get_verbosity() >= logging.DEBUG)
+      sys.exit(UsageError.exit_code)
+
+  app.run(main_with_clean_errors)
 
 
 def log_to_stdout() -> None:

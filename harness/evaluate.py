@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import sys
 from typing import List, Optional, Tuple
 
 # pygame (CartPole's renderer) greets on import; keep stdout for our results.
@@ -21,7 +20,6 @@ os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
 # ... and SDL probes for a sound card, which servers lack (ALSA errors on stderr).
 os.environ.setdefault('SDL_AUDIODRIVER', 'dummy')
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gin  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -193,18 +191,9 @@ def main(argv: List[str]) -> None:
     print(f'video of episode 1 ({len(frames)} frames, return {returns[0]:.2f}): {_VIDEO.value}')
 
 
-def _main_with_clean_errors(argv: List[str]) -> None:
-  errors.log_to_stdout()
-  try:
-    main(argv)
-  except UsageError as e:
-    errors.report(_PROGRAM, e, logging.get_verbosity() >= logging.DEBUG)
-    sys.exit(UsageError.exit_code)
-
-
 def run() -> None:
   """Console-script entry point."""
-  app.run(_main_with_clean_errors)
+  errors.run_app(_PROGRAM, main)
 
 
 if __name__ == '__main__':

@@ -11,10 +11,8 @@ import csv
 import dataclasses
 import math
 import os
-import sys
 from typing import Dict, List, Sequence
 
-from absl import app
 from absl import flags
 from absl import logging
 import matplotlib
@@ -156,18 +154,9 @@ def main(argv: List[str]) -> None:
   print(_OUT.value)
 
 
-def _main_with_clean_errors(argv: List[str]) -> None:
-  errors.log_to_stdout()
-  try:
-    main(argv)
-  except UsageError as e:
-    errors.report(_PROGRAM, e, logging.get_verbosity() >= logging.DEBUG)
-    sys.exit(UsageError.exit_code)
-
-
 def run() -> None:
   """Console-script entry point."""
-  app.run(_main_with_clean_errors)
+  errors.run_app(_PROGRAM, main)
 
 
 if __name__ == '__main__':
