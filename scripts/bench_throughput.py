@@ -2,6 +2,7 @@
 
 Usage:
   python scripts/bench_throughput.py [--steps 20000] [--out_dir runs/bench]
+  python scripts/bench_throughput.py --compare_prioritized [--gin_file F] [--steps N]
 
 Both programs train DQN on CartPole-v1 with one gradient step per env step, batch
 64, MLP (100,), Adam 1e-3, a uniform Reverb table of 100,000:
@@ -10,6 +11,8 @@ Both programs train DQN on CartPole-v1 with one gradient step per env step, batc
     CartPole-v1 (it defaults to v0);
   - harness:   `python -m harness.train --gin_file=gin/bench_cartpole.gin`
     with `train_eval.num_env_steps=STEPS`.
+With --compare_prioritized the harness runs twice instead, uniform then
+prioritized replay (`train_eval.prioritized_replay=True`), with the same gin file.
 Start-up is excluded: the reference's rate comes from its own "steps/sec" log
 lines (timestamps of the first line after 10% of the run to the last), the
 harness's from metrics.csv rows (first row to last row).
@@ -61,13 +64,15 @@ def reference(steps: int, out_dir: str) -> dict:
           'train_per_env_step': steps / (steps + 1000), 'wall_s': total}
 
 
-def harness(steps: int, out_dir: str, gin_file: str) -> dict:
-  root = os.path.join(out_dir, 'harness')
+def harness(steps: int, out_dir: str, gin_file: str, name: str = 'harness',
+            bindings=()) -> dict:
+  root = os.path.join(out_dir, name)
   shutil.rmtree(root, ignore_errors=True)
   total = _run([sys.executable, '-m', 'harness.train', f'--root_dir={root}',
                 f'--gin_file={gin_file}', f'--gin_bindings=train_eval.num_env_steps={steps}',
-                f'--gin_bindings=train_eval.log_interval={max(1000, steps // 20)}'],
-               os.path.join(out_dir, 'harness.log'))
+                f'--gin_bindings=train_eval.log_interval={max(1000, steps // 20)}'] +
+               [f'--gin_bindings={b}' for b in bindings],
+               os.path.join(out_dir, f'{name}.log'))
   with open(os.path.join(root, 'metrics.csv'), newline='') as f:
     rows = list(csv.DictReader(f))
   first, last = rows[0], rows[-1]
@@ -83,8 +88,20 @@ def main() -> None:
   parser.add_argument('--steps', type=int, default=20000)
   parser.add_argument('--out_dir', default=os.path.join(REPO, 'runs', 'bench'))
   parser.add_argument('--gin_file', default=os.path.join(REPO, 'gin', 'bench_cartpole.gin'))
+  parser.add_argument('--compare_prioritized', action='store_true')
   args = parser.parse_args()
   os.makedirs(args.out_dir, exist_ok=True)
+  if args.compare_prioritized:
+    uniform = harness(args.steps, args.out_dir, args.gin_file, 'uniform')
+    per = harness(args.steps, args.out_dir, args.gin_file, 'prioritized',
+                  ['train_eval.prioritized_replay=True'])
+    print(f'| replay ({os.path.basename(args.gin_file)}) | env steps/s | wall s ({args.steps} steps) |')
+    print('|---|---|---|')
+    for name, r in (('uniform', uniform), ('prioritized', per)):
+      print(f"| {name} | {r['env_steps_per_sec']:.0f} | {r['wall_s']:.0f} |")
+    cost = 1 - per['env_steps_per_sec'] / uniform['env_steps_per_sec']
+    print(f'prioritized costs {100 * cost:.0f}% of uniform throughput')
+    return
   ref = reference(args.steps, args.out_dir)
   ours = harness(args.steps, args.out_dir, args.gin_file)
   print(f'| program | env steps/s | gradient steps per env step | wall s ({args.steps} steps) |')
