@@ -32,6 +32,7 @@ from harness import replay
 from harness.errors import UsageError
 
 _FIRST = int(ts.StepType.FIRST)
+_LAST = int(ts.StepType.LAST)
 # Columns of the `meta` row, all stored as float32: one column instead of five
 # saves Reverb's per-column bookkeeping on every item (about 170 bytes each).
 _META = ('step_type', 'action', 'reward', 'discount', 'next_step_type')
@@ -165,6 +166,10 @@ class _EnvWriter:
     self.priority = 1.0
     self._appended = 0      # steps in the writer's history, padding included
     self._real = 0          # steps observed
+    # Steps since the last episode end (LAST step), capped: an item's first
+    # n = sequence_length - 1 steps must not contain one, or its n-step target
+    # would run into the next episode (tf-agents' observer ends items there too).
+    self._since_last = 0
     self._previous: Optional[np.ndarray] = None
 
   def _check_stack(self, observation: np.ndarray, first: bool) -> None:
@@ -199,7 +204,11 @@ class _EnvWriter:
     self._writer.append(step)
     self._appended += 1
     self._real += 1
-    if self._appended >= self._replay.window and self._real >= self._replay.sequence_length:
+    n = self._replay.sequence_length - 1
+    within_episode = self._since_last >= n
+    self._since_last = 0 if int(traj.step_type) == _LAST else min(self._since_last + 1, n)
+    if (within_episode and self._appended >= self._replay.window
+        and self._real >= self._replay.sequence_length):
       window = self._replay.window
       history = self._writer.history
       self._writer.create_item(

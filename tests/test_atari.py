@@ -152,8 +152,10 @@ def test_sampled_stacks_equal_what_the_agent_saw():
     for observer in observers:
       observer.flush()
 
-    # Each env's first step gets padding, so every step but the last starts an item.
-    expected = {(e, i) for e in range(num_envs) for i in range(len(recorded[e]) - 1)}
+    # Each env's first step gets padding, so every step but the last starts an
+    # item, except episode ends (LAST -> FIRST would mix two episodes).
+    expected = {(e, i) for e in range(num_envs) for i in range(len(recorded[e]) - 1)
+                if recorded[e][i].step_type != ts.StepType.LAST}
     assert replay.table_size(client) == len(expected)
     starts = sum(int(t.step_type == ts.StepType.FIRST) for r in recorded for t in r)
     life_losses = sum(int(t.discount == 0 and t.step_type == ts.StepType.MID)
@@ -262,3 +264,12 @@ def test_short_breakout_run_through_the_cli(tmp_path):
   config = open(os.path.join(root, 'config', 'operative_config-0.gin')).read()
   assert 'frame_replay.enabled = True' in config
   assert "'ALE/Breakout-v5'" in config
+  size = int(rows[-1]['replay_size'])
+
+  # Resume: the frame table comes back from its Reverb checkpoint and grows on.
+  bindings[0] = 'train_eval.num_env_steps=500'
+  result = cli.harness_train(root, bindings, gin_files=[ATARI_GIN])
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = _rows(os.path.join(root, 'metrics.csv'))
+  assert int(rows[-1]['env_steps']) >= 500
+  assert int(rows[-1]['replay_size']) > size
