@@ -5,8 +5,8 @@ the replay table and a one-slot `variables` table; the learner pushes policy
 weights there (tf-agents' `ReverbVariableContainer`) and collectors pull them.
 
 Env steps of a distributed run are counted by the learner through the replay
-ratio that the rate limiter enforces: env_steps = train_step / replay_ratio
-(at least initial_collect_steps). The count is exact up to the limiter's tolerance,
+ratio that the rate limiter enforces: env_steps = initial_collect_steps +
+train_step / replay_ratio. The count is exact up to the limiter's tolerance,
 survives restarts of any job, and is what `num_env_steps` is compared with.
 """
 
@@ -232,8 +232,8 @@ def run_collector(cfg: RunConfig, settings: Distributed, address: str,
 
 
 def _env_steps_of(cfg: RunConfig, train_step: int) -> int:
-  """The learner's count of env steps: train steps over the replay ratio."""
-  return max(cfg.initial_collect_steps, int(round(train_step / cfg.replay_ratio)))
+  """The learner's count of env steps: the initial collect plus train steps over the ratio."""
+  return cfg.initial_collect_steps + int(round(train_step / cfg.replay_ratio))
 
 
 def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:

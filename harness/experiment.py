@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 from tf_agents.drivers import py_driver
 from tf_agents.environments import py_environment
+from tf_agents.policies import epsilon_greedy_policy
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 
@@ -26,6 +27,7 @@ from harness import agents
 from harness import checkpoints
 from harness import collect
 from harness import envs
+from harness import frame_replay
 from harness import learn
 from harness import metrics
 from harness import replay
@@ -54,6 +56,7 @@ class RunConfig:
   prioritized_replay: bool
   job: str
   replay_address: Optional[str]
+  eval_epsilon: float = 0.0
 
   @property
   def replay_ratio(self) -> float:
@@ -77,6 +80,9 @@ class RunConfig:
                        'each env')
     if self.job not in JOBS:
       raise UsageError(f'--job={self.job} is unknown: use one of {", ".join(JOBS)}')
+    if not 0.0 <= self.eval_epsilon <= 1.0:
+      raise UsageError(f'train_eval.eval_epsilon={self.eval_epsilon} is outside [0, 1], '
+                       'e.g. train_eval.eval_epsilon=0.05 (0 = greedy)')
 
 
 @dataclasses.dataclass
@@ -112,11 +118,18 @@ def build_agent(cfg: RunConfig, env: py_environment.PyEnvironment) -> AgentParts
     raise UsageError(f'train_eval.num_envs={cfg.num_envs} needs make_agent.n_step_update=1 '
                      '(grouped replay items run across episode ends); use num_envs=1 for '
                      'n-step targets')
+  # Checks the frame_replay bindings now (before ROOT is touched) and puts them
+  # into the operative config, which RunDirectory reads next.
+  frame_replay.frame_replay(agent.collect_data_spec, sequence_length)
   return AgentParts(agent, train_step, run_state, sequence_length)
 
 
-def replay_layout(cfg: RunConfig, parts: AgentParts) -> replay.StepReplay:
-  """How transitions are stored: whole steps (grouped per env batch)."""
+def replay_layout(cfg: RunConfig, parts: AgentParts):
+  """How transitions are stored: whole steps (grouped per env batch), or each
+  image frame once (`frame_replay.enabled`, Atari)."""
+  frames = frame_replay.frame_replay(parts.agent.collect_data_spec, parts.sequence_length)
+  if frames:
+    return frames
   return replay.StepReplay(parts.agent.collect_data_spec, parts.sequence_length, cfg.num_envs)
 
 
@@ -199,7 +212,10 @@ class Reporter:
     self._eval_summaries = metrics.SummaryWriter(os.path.join(root, 'eval'))
     self.exporter = checkpoints.PolicyExporter(root, parts.agent)
     eval_env = envs.make_env(seed=cfg.seed + 10_000)
-    self._evaluation = Evaluation(eval_env, collect.eager_policy(parts.agent.policy, eval_env),
+    eval_policy = parts.agent.policy
+    if cfg.eval_epsilon > 0:
+      eval_policy = epsilon_greedy_policy.EpsilonGreedyPolicy(eval_policy, cfg.eval_epsilon)
+    self._evaluation = Evaluation(eval_env, collect.eager_policy(eval_policy, eval_env),
                                   cfg.eval_episodes)
     self._last = None
     self._start = None
@@ -279,6 +295,7 @@ def train_eval(root_dir: str,
                train_steps_per_iteration: int = 1,
                eval_interval: int = 5_000,
                eval_episodes: int = 10,
+               eval_epsilon: float = 0.0,
                checkpoint_interval: int = 10_000,
                log_interval: int = 1_000,
                seed: int = 0,
@@ -300,6 +317,7 @@ def train_eval(root_dir: str,
       replay ratio train_steps_per_iteration / collect_steps_per_iteration is
       held over the env steps actually collected.
     eval_interval, eval_episodes: greedy evaluation every that many env steps.
+    eval_epsilon: evaluation acts epsilon-greedy with this (Atari: 0.05); 0 = greedy.
     checkpoint_interval: env steps between checkpoints (TF, Reverb, policies).
     log_interval: env steps between rows of metrics.csv and progress lines.
     seed: seeds environments, networks and sampling.
@@ -313,7 +331,7 @@ def train_eval(root_dir: str,
   cfg = RunConfig(root_dir, num_env_steps, replay_capacity, batch_size, initial_collect_steps,
                   num_envs, collect_steps_per_iteration, train_steps_per_iteration,
                   eval_interval, eval_episodes, checkpoint_interval, log_interval, seed,
-                  prioritized_replay, job, replay_address)
+                  prioritized_replay, job, replay_address, eval_epsilon)
   cfg.validate()
   seed_everything(seed)
   if job == 'all':
@@ -373,8 +391,9 @@ def run_single_process(cfg: RunConfig) -> None:
       replay_observer.update_priority(float(run_state.max_priority.numpy()))
     collector.run()
     run_state.env_steps.assign(stats.env_steps)
-    # Gradient steps follow the env steps actually collected (a batched driver
-    # step can overshoot), so train_step stays at replay_ratio * env_steps.
+    # Gradient steps follow the env steps actually collected after the initial
+    # collect (a batched driver step can overshoot), so train_step stays at
+    # replay_ratio * (env_steps - initial_collect_steps).
     due = (stats.env_steps - cfg.initial_collect_steps) * cfg.replay_ratio
     while int(train_step.numpy()) + trainer.steps_per_call / 2 <= due:
       loss = trainer()

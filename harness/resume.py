@@ -28,6 +28,9 @@ REFUSED = {
                                    'checkpoint and would ignore the new one'),
     'train_eval.prioritized_replay': "Reverb restores the table's old sampler from its checkpoint",
     'PrioritizedReplay.priority_exponent': "Reverb restores the table's old sampler from its checkpoint",
+    'frame_replay.enabled': 'the replay table stores another item layout',
+    'atari_preprocessing.stack_size': 'the Q-network input and the stored stacks depend on it',
+    'atari_preprocessing.screen_size': 'the Q-network input and the stored frames depend on it',
 }
 # Not settings of the run: paths and addresses may differ from launch to launch.
 IGNORED = {'train_eval.root_dir', 'train_eval.replay_address', 'train_eval.job',
