@@ -21,6 +21,11 @@ from tf_agents.trajectories import time_step as ts
 
 from harness.errors import UsageError
 
+_MID = np.asarray(ts.StepType.MID, np.int32)
+_LAST = np.asarray(ts.StepType.LAST, np.int32)
+_ZERO = np.asarray(0.0, np.float32)
+_ONE = np.asarray(1.0, np.float32)
+
 # Gymnasium wrappers applied around the base env, innermost first. Atari
 # preprocessing plugs in here (see gin/ddqn_atari.gin).
 EnvWrapper = Callable[[gym.Env], gym.Env]
@@ -105,17 +110,17 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
         int(np.asarray(action)))
     obs = self._observation(obs)
     reward = np.asarray(reward, dtype=np.float32)
-    if terminated:
-      return ts.termination(obs, reward)
-    if truncated:
-      return ts.truncation(obs, reward, discount=np.float32(1.0))
-    discount = np.float32(1.0)
+    # TimeSteps are built directly: ts.termination() and friends run tf.nest
+    # checks that cost more than a CartPole step itself.
+    if terminated or truncated:
+      return ts.TimeStep(_LAST, reward, _ZERO if terminated else _ONE, obs)
+    discount = _ONE
     lives = self._last_info.get('lives')
     if self._life_loss_as_terminal and lives is not None and self._lives is not None:
       if lives < self._lives:
-        discount = np.float32(0.0)  # no bootstrap across a lost life
+        discount = _ZERO  # no bootstrap across a lost life
     self._lives = lives
-    return ts.transition(obs, reward, discount=discount)
+    return ts.TimeStep(_MID, reward, discount, obs)
 
   def render(self, mode: str = 'rgb_array') -> Optional[np.ndarray]:
     return self._env.render()
