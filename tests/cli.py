@@ -19,6 +19,10 @@ TINY_BINDINGS = [
     'train_eval.log_interval=100',
     'train_eval.checkpoint_interval=300',
     'make_agent.fc_layer_params=(16,)',
+    # One env and one gradient step per env step, so row positions are exact.
+    'train_eval.num_envs=1',
+    'train_eval.collect_steps_per_iteration=1',
+    'train_eval.train_steps_per_iteration=1',
 ]
 
 

@@ -23,6 +23,9 @@ BINDINGS = [
     'make_agent.fc_layer_params=(16,)',
     'Distributed.pull_interval_steps=100',
     'Distributed.push_interval_steps=100',
+    'train_eval.num_envs=1',
+    'train_eval.collect_steps_per_iteration=1',
+    'train_eval.train_steps_per_iteration=1',
 ]
 
 

@@ -26,6 +26,9 @@ BASE = [
     'train_eval.checkpoint_interval=1000',
     'make_agent.fc_layer_params=(32,)',
     'make_agent.epsilon_decay_steps=0',
+    'train_eval.num_envs=1',
+    'train_eval.collect_steps_per_iteration=1',
+    'train_eval.train_steps_per_iteration=1',
 ]
 FIRST = BASE + ['make_agent.epsilon_greedy=0.9', 'make_agent.learning_rate=1e-3',
                 'train_eval.num_env_steps=2000']
