@@ -131,7 +131,9 @@ def _variables_table(parts: AgentParts) -> reverb.Table:
 
 def _rate_limiter(cfg: RunConfig, settings: Distributed, rows_per_item: int):
   """Samples per insert that hold the replay ratio between learner and collectors."""
-  samples_per_insert = cfg.batch_size * cfg.replay_ratio / rows_per_item
+  # An item holds rows_per_item env steps, which earn rows_per_item * ratio
+  # gradient steps, each sampling batch_size / rows_per_item items.
+  samples_per_insert = cfg.batch_size * cfg.replay_ratio
   min_items = max(1, cfg.initial_collect_steps // rows_per_item)
   error_buffer = max(settings.tolerance_inserts * samples_per_insert,
                      2.0 * max(1.0, samples_per_insert))
@@ -227,8 +229,18 @@ def run_collector(cfg: RunConfig, settings: Distributed, address: str,
       logging.info('Learner reached its target (%d env steps): collector %d done',
                    learner_env_steps, collector_id)
       break
-    _retrying(settings, address, collector.run, conn.connect)
+    _retrying(settings, address, lambda: collect_and_flush(collector, conn), conn.connect)
   conn.observer.close()
+
+
+def collect_and_flush(collector: collect.Collector, conn: _CollectorConnection) -> None:
+  """Collects, then waits until the server has taken the items.
+
+  Reverb's writer queues items on the client: without the flush a collector
+  would run far ahead of the rate limiter (and queue items in memory).
+  """
+  collector.run()
+  conn.observer.flush()
 
 
 def _env_steps_of(cfg: RunConfig, train_step: int) -> int:

@@ -89,12 +89,14 @@ def main() -> None:
   parser.add_argument('--out_dir', default=os.path.join(REPO, 'runs', 'bench'))
   parser.add_argument('--gin_file', default=os.path.join(REPO, 'gin', 'bench_cartpole.gin'))
   parser.add_argument('--compare_prioritized', action='store_true')
+  parser.add_argument('--gin_bindings', nargs='*', default=[],
+                      help='extra bindings for the harness runs (e.g. a small Atari table)')
   args = parser.parse_args()
   os.makedirs(args.out_dir, exist_ok=True)
   if args.compare_prioritized:
-    uniform = harness(args.steps, args.out_dir, args.gin_file, 'uniform')
+    uniform = harness(args.steps, args.out_dir, args.gin_file, 'uniform', args.gin_bindings)
     per = harness(args.steps, args.out_dir, args.gin_file, 'prioritized',
-                  ['train_eval.prioritized_replay=True'])
+                  args.gin_bindings + ['train_eval.prioritized_replay=True'])
     print(f'| replay ({os.path.basename(args.gin_file)}) | env steps/s | wall s ({args.steps} steps) |')
     print('|---|---|---|')
     for name, r in (('uniform', uniform), ('prioritized', per)):
@@ -103,7 +105,7 @@ def main() -> None:
     print(f'prioritized costs {100 * cost:.0f}% of uniform throughput')
     return
   ref = reference(args.steps, args.out_dir)
-  ours = harness(args.steps, args.out_dir, args.gin_file)
+  ours = harness(args.steps, args.out_dir, args.gin_file, bindings=args.gin_bindings)
   print(f'| program | env steps/s | gradient steps per env step | wall s ({args.steps} steps) |')
   print('|---|---|---|---|')
   for name, r in (('TF-Agents examples/dqn/dqn_train_eval.py', ref),
