@@ -316,7 +316,7 @@ def run_evaluator(cfg: RunConfig, settings: Distributed, address: str) -> None:
   Writes eval.csv rows itself; run it with `Distributed.eval_in_learner=False`.
   """
   parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
-  reporter = Reporter(cfg, parts, restored_step=2**62)
+  reporter = Reporter(cfg, parts, restored_step=None)
   client = wait_for_server(address, settings.max_unreachable_seconds)
   container = reverb_variable_container.ReverbVariableContainer(address)
   variables = shared_variables(parts)

@@ -195,7 +195,9 @@ class Evaluation:
 class Reporter:
   """metrics.csv, eval.csv, TensorBoard, the progress line and policy exports."""
 
-  def __init__(self, cfg: RunConfig, parts: AgentParts, restored_step: int):
+  def __init__(self, cfg: RunConfig, parts: AgentParts, restored_step: Optional[int]):
+    """`restored_step`: the step this launch resumed from; None for a job that
+    only appends (the eval job), which leaves existing rows alone."""
     root = cfg.root_dir
     self._cfg = cfg
     self._parts = parts
@@ -203,7 +205,7 @@ class Reporter:
                                       metrics.METRICS_COLUMNS)
     self.eval_csv = metrics.CsvLog(os.path.join(root, 'eval.csv'), metrics.EVAL_COLUMNS)
     # Rows written after the checkpoint we resume from would be written again.
-    for log in (self.metrics_csv, self.eval_csv):
+    for log in (self.metrics_csv, self.eval_csv) if restored_step is not None else ():
       dropped = log.keep_rows_up_to(restored_step)
       if dropped:
         logging.info('Dropped %d rows after train_step %d from %s', dropped, restored_step,
