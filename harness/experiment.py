@@ -27,6 +27,7 @@ from harness import agents
 from harness import checkpoints
 from harness import collect
 from harness import envs
+from harness import memory
 from harness import frame_replay
 from harness import learn
 from harness import metrics
@@ -270,11 +271,13 @@ def metrics_row(parts: AgentParts, env_steps: int, loss: float, replay_size: int
                 policy_traces: Optional[int]) -> dict:
   """One metrics.csv row; epsilon and learning rate come from the live variables."""
   priorities = trainer.priorities
+  # Free heap pages go back to the OS first, so rss_mb is what the run holds.
+  memory.release_free_memory()
   return {'train_step': int(parts.train_step.numpy()), 'env_steps': env_steps,
           'wall_time': time.time(), 'loss': loss,
           'epsilon': float(parts.agent.epsilon_schedule().numpy()),
           'learning_rate': float(agents.learning_rate_variable(parts.agent).numpy()),
-          'replay_size': replay_size, 'avg_return': avg_return, 'rss_mb': metrics.rss_mb(),
+          'replay_size': replay_size, 'avg_return': avg_return, 'rss_mb': memory.rss_mb(),
           'train_traces': trainer.trace_count(), 'policy_traces': policy_traces,
           'per_beta': float(priorities.beta.numpy()) if priorities else None,
           'mean_priority': (float(priorities.mean_sampled_priority.numpy())

@@ -8,7 +8,6 @@ import os
 from typing import Dict, Iterable, List, Optional
 
 import numpy as np
-import psutil
 import tensorflow as tf
 
 METRICS_COLUMNS = [
@@ -18,11 +17,6 @@ METRICS_COLUMNS = [
 EVAL_COLUMNS = [
     'train_step', 'env_steps', 'wall_time', 'avg_return', 'std_return',
     'avg_episode_length', 'episodes']
-
-
-def rss_mb() -> float:
-  """Resident set size of this process in MiB."""
-  return psutil.Process().memory_info().rss / 2**20
 
 
 class CsvLog:

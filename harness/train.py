@@ -26,6 +26,7 @@ from harness import agents
 from harness import envs
 from harness import distributed  # pylint: disable=unused-import  (registers configurables)
 from harness import experiment
+from harness import memory
 from harness import errors
 from harness.errors import UsageError
 import harness
@@ -151,6 +152,7 @@ def main(argv: List[str]) -> None:
     parse_gin(_GIN_FILE.value, _GIN_BINDINGS.value)
     check_values()
     check_env()
+  memory.configure_allocator()
   _call_experiment()
 
 

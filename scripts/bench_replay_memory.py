@@ -30,7 +30,7 @@ from harness import collect
 from harness import envs
 from harness import experiment  # pylint: disable=unused-import  (gin: train_eval)
 from harness import frame_replay
-from harness import metrics
+from harness import memory
 from harness import replay
 
 _ITEMS = flags.DEFINE_integer('items', 100_000, 'Transitions to store per layout.')
@@ -54,13 +54,13 @@ def _fill(name: str, layout, agent, items: int) -> float:
   collector.collect_random(_WARMUP.value)
   observer.flush()
   gc.collect()
-  rss0, size0, start = metrics.rss_mb(), replay.table_size(client), time.time()
+  rss0, size0, start = memory.rss_mb(), replay.table_size(client), time.time()
   per_item = float('nan')
   for _ in range(_REPORTS.value):
     collector.collect_random(items // _REPORTS.value)
     observer.flush()
     stored = replay.table_size(client) - size0
-    per_item = (metrics.rss_mb() - rss0) * 2**20 / stored
+    per_item = (memory.rss_mb() - rss0) * 2**20 / stored
     print(f'{name:>11}: {stored:>8,d} transitions stored  {per_item:>7,.0f} bytes/transition  '
           f'({stored / (time.time() - start):,.0f} env steps/s)', flush=True)
   # Keep the server (and its memory) alive: the next layout is measured on top.
@@ -74,6 +74,7 @@ _fill.keep = []
 def main(argv) -> None:
   del argv
   harness.quiet_tensorflow_logs()
+  memory.configure_allocator()  # as harness-train does
   gin.parse_config_files_and_bindings(_GIN_FILE.value, _GIN_BINDINGS.value)
   env = envs.make_env(seed=_SEED.value)
   agent = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),

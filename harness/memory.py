@@ -1,0 +1,72 @@
+"""Process memory: glibc allocator settings that keep long runs flat, and RSS.
+
+What grew on long Atari runs was not a leak but the C heap. Every gradient step
+allocates and frees tensors of a few MiB (a batch of 32 stacked 84x84x4
+observations, the conv activations). glibc serves blocks above its mmap
+threshold with mmap and returns them at free, but it raises that threshold to
+the largest block ever freed (up to 32 MiB), after which those tensors come
+from the heap arenas and freed pages stay with the process. Measured on
+Breakout with a full table (1,000 training calls of 4 gradient steps each, in
+one process): RSS +95 MiB with glibc's defaults, +14 MiB with a fixed 128 KiB
+threshold; after a `malloc_trim`, within a few MiB of where it started.
+
+So a run pins the threshold at start-up and hands free heap pages back to the
+operating system at each metrics row (a `malloc_trim` takes milliseconds).
+Both are no-ops where the C library is not glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from typing import Optional
+
+from absl import logging
+import psutil
+
+# mallopt parameter numbers from glibc's <malloc.h>.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+# Blocks at least this large are mmapped and unmapped at free. A fixed value
+# also stops glibc's dynamic raising of the threshold (see the module doc).
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def _glibc() -> Optional[ctypes.CDLL]:
+  name = ctypes.util.find_library('c')
+  if not name:
+    return None
+  try:
+    libc = ctypes.CDLL(name)
+  except OSError:
+    return None
+  if not (hasattr(libc, 'mallopt') and hasattr(libc, 'malloc_trim')):
+    return None  # musl, macOS: a different allocator with its own behaviour
+  return libc
+
+
+_LIBC = _glibc()
+
+
+def configure_allocator() -> bool:
+  """Pins glibc's mmap and trim thresholds; True where that took effect."""
+  if _LIBC is None:
+    logging.info('Not glibc: allocator settings left as they are')
+    return False
+  ok = (_LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and
+        _LIBC.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1)
+  if not ok:
+    logging.warning('mallopt refused the mmap/trim thresholds: RSS may creep on long runs')
+  return ok
+
+
+def release_free_memory() -> None:
+  """Returns free pages of all heap arenas to the operating system (glibc)."""
+  if _LIBC is not None:
+    _LIBC.malloc_trim(0)
+
+
+def rss_mb() -> float:
+  """Resident set size of this process in MiB."""
+  return psutil.Process().memory_info().rss / 2**20
