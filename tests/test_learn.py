@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 
@@ -55,6 +56,27 @@ def test_epsilon_follows_its_variables_without_a_retrace(pieces):
   assert abs(float(schedule()) - 0.3) < 1e-6
   collector.run()
   assert collector.trace_count() == 1
+
+
+@pytest.mark.parametrize('num_envs', [1, 3])
+def test_compiled_policy_acts_as_the_tf_policy_on_whole_time_steps(pieces, num_envs):
+  """It passes only the observation in; the greedy actions must not change."""
+  agent = pieces[0]
+  env = envs.make_batched_env(num_envs, seed=1) if num_envs > 1 else envs.make_env(
+      'CartPole-v1', seed=1)
+  compiled = collect.eager_policy(agent.policy, env)
+  time_step = env.reset()
+  for _ in range(30):
+    batched = time_step if num_envs > 1 else tf.nest.map_structure(
+        lambda x: np.expand_dims(x, 0), time_step)
+    expected = agent.policy.action(
+        tf.nest.map_structure(tf.convert_to_tensor, batched)).action.numpy()
+    if num_envs == 1:
+      expected = expected[0]
+    action = compiled.action(time_step).action
+    np.testing.assert_array_equal(action, expected)
+    time_step = env.step(action)
+  assert compiled.trace_count() == 1
 
 
 def test_replay_items_hold_n_plus_one_steps(pieces):
