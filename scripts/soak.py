@@ -30,10 +30,15 @@ _STEPS = flags.DEFINE_integer('steps', 40_000, 'Agent steps of the run.')
 _CAPACITY = flags.DEFINE_integer('replay_capacity', 10_000, 'Replay table size (transitions).')
 _INITIAL = flags.DEFINE_integer('initial_collect_steps', 2_000, 'Random steps before training.')
 _LOG_INTERVAL = flags.DEFINE_integer('log_interval', 1_000, 'Steps between metrics rows.')
-_EVAL_INTERVAL = flags.DEFINE_integer('eval_interval', 10_000, 'Steps between evaluations '
+# Evaluations and checkpoints (with policy exports) run far more often than in
+# gin/ddqn_atari.gin, and the first of each falls before the table is full: the
+# first SavedModel export, Reverb checkpoint and evaluation cost a one-time
+# ~10 MB (functions traced and buffers sized once), while what repeats must
+# show in the slope.
+_EVAL_INTERVAL = flags.DEFINE_integer('eval_interval', 5_000, 'Steps between evaluations '
                                       '(one episode each).')
-_CHECKPOINT_INTERVAL = flags.DEFINE_integer('checkpoint_interval', 20_000,
-                                            'Steps between checkpoints.')
+_CHECKPOINT_INTERVAL = flags.DEFINE_integer('checkpoint_interval', 5_000,
+                                            'Steps between checkpoints and policy exports.')
 _GIN_FILE = flags.DEFINE_multi_string('gin_file', [os.path.join(REPO, 'gin', 'ddqn_atari.gin')],
                                       'Gin files of the run.')
 _GIN_BINDINGS = flags.DEFINE_multi_string('gin_bindings', [], 'Extra bindings (they win).')
