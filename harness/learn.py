@@ -9,6 +9,7 @@ the same idea: `iterations` gradient steps inside one graph.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Optional
 
@@ -94,6 +95,12 @@ class Trainer:
     self._steps_per_call = steps_per_call
     self.priorities = priorities
     self._train = tf.function(self._train_steps, autograph=True)
+    # Training runs on one thread of its own, so its short-lived tensors come
+    # from that thread's malloc arena instead of being interleaved with the
+    # long-lived replay chunks the collector builds on the main thread, which
+    # fragmented the main heap (Breakout soak: +6.6 -> +3.2 MB per 10,000 steps).
+    self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                         thread_name_prefix='trainer')
 
   def _train_step(self) -> tf.Tensor:
     experience, info = next(self._iterator)
@@ -112,7 +119,7 @@ class Trainer:
 
   def __call__(self) -> float:
     """Runs the gradient steps and returns their mean loss."""
-    return float(self._train())
+    return self._thread.submit(lambda: float(self._train())).result()
 
   @property
   def steps_per_call(self) -> int:
