@@ -72,12 +72,6 @@ class CompiledPolicy(py_tf_eager_policy.PyTFEagerPolicy):
     return int(self._act.experimental_get_tracing_count())
 
 
-def eager_policy(policy: tf_policy.TFPolicy,
-                 env: py_environment.PyEnvironment) -> CompiledPolicy:
-  """Runs a TF policy from Python through one traced function."""
-  return CompiledPolicy(policy, env)
-
-
 class Collector:
   """Steps one (possibly batched) env with a policy and feeds the observers.
 
@@ -88,7 +82,7 @@ class Collector:
   def __init__(self, env: py_environment.PyEnvironment, policy: tf_policy.TFPolicy,
                observers: List[Observer], steps_per_run: int):
     self.env = env
-    self.policy = eager_policy(policy, env)
+    self.policy = CompiledPolicy(policy, env)
     outer_dims = (env.batch_size,) if env.batched else ()
     random_policy = random_py_policy.RandomPyPolicy(
         env.time_step_spec(), env.action_spec(), outer_dims=outer_dims)

@@ -27,9 +27,9 @@ from harness import agents
 from harness import checkpoints
 from harness import collect
 from harness import envs
-from harness import memory
 from harness import frame_replay
 from harness import learn
+from harness import memory
 from harness import metrics
 from harness import replay
 from harness import resume
@@ -218,7 +218,7 @@ class Reporter:
     eval_policy = parts.agent.policy
     if cfg.eval_epsilon > 0:
       eval_policy = epsilon_greedy_policy.EpsilonGreedyPolicy(eval_policy, cfg.eval_epsilon)
-    self._evaluation = Evaluation(eval_env, collect.eager_policy(eval_policy, eval_env),
+    self._evaluation = Evaluation(eval_env, collect.CompiledPolicy(eval_policy, eval_env),
                                   cfg.eval_episodes)
     self._last = None
     self._start = None

@@ -59,14 +59,19 @@ def test_epsilon_follows_its_variables_without_a_retrace(pieces):
 
 
 @pytest.mark.parametrize('num_envs', [1, 3])
-def test_compiled_policy_acts_as_the_tf_policy_on_whole_time_steps(pieces, num_envs):
+def test_compiled_policy_acts_as_the_tf_policy_on_whole_time_steps(num_envs):
   """It passes only the observation in; the greedy actions must not change."""
-  agent = pieces[0]
   env = envs.make_batched_env(num_envs, seed=1) if num_envs > 1 else envs.make_env(
       'CartPole-v1', seed=1)
-  compiled = collect.eager_policy(agent.policy, env)
+  agent = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
+                            tensor_spec.from_spec(env.action_spec()),
+                            train_utils.create_train_step(), checkpoints.RunState().env_steps,
+                            fc_layer_params=(16,))
+  compiled = collect.CompiledPolicy(agent.policy, env)
+  rng = np.random.default_rng(0)
   time_step = env.reset()
-  for _ in range(30):
+  seen = set()
+  for _ in range(100):
     batched = time_step if num_envs > 1 else tf.nest.map_structure(
         lambda x: np.expand_dims(x, 0), time_step)
     expected = agent.policy.action(
@@ -75,7 +80,10 @@ def test_compiled_policy_acts_as_the_tf_policy_on_whole_time_steps(pieces, num_e
       expected = expected[0]
     action = compiled.action(time_step).action
     np.testing.assert_array_equal(action, expected)
-    time_step = env.step(action)
+    seen.update(np.atleast_1d(action).tolist())
+    # Random moves spread the observations, so the greedy action varies.
+    time_step = env.step(rng.integers(0, 2, size=np.shape(action)).astype(action.dtype))
+  assert seen == {0, 1}  # the actions depend on the observation: a constant would not pass
   assert compiled.trace_count() == 1
 
 
