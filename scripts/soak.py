@@ -28,7 +28,9 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_STEPS = flags.DEFINE_integer('steps', 40_000, 'Agent steps of the run.')
+# Single RSS readings scatter by a few MiB, so a slope near 1 MB per 10,000
+# steps needs about 90,000 steps after the table fills (about 20 minutes).
+_STEPS = flags.DEFINE_integer('steps', 100_000, 'Agent steps of the run.')
 _CAPACITY = flags.DEFINE_integer('replay_capacity', 10_000, 'Replay table size (transitions).')
 _INITIAL = flags.DEFINE_integer('initial_collect_steps', 2_000, 'Random steps before training.')
 _LOG_INTERVAL = flags.DEFINE_integer('log_interval', 1_000, 'Steps between metrics rows.')
