@@ -18,7 +18,6 @@ Both are no-ops where the C library is not glibc.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from typing import Optional
 
 from absl import logging
@@ -34,13 +33,8 @@ MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
 def _glibc() -> Optional[ctypes.CDLL]:
-  name = ctypes.util.find_library('c')
-  if not name:
-    return None
-  try:
-    libc = ctypes.CDLL(name)
-  except OSError:
-    return None
+  # The C library this process already runs on: no search for a file by name.
+  libc = ctypes.CDLL(None)
   if not (hasattr(libc, 'mallopt') and hasattr(libc, 'malloc_trim')):
     return None  # musl, macOS: a different allocator with its own behaviour
   return libc
