@@ -35,13 +35,13 @@ class RunState(tf.Module):
     self.replay_checkpoint = tf.Variable('', dtype=tf.string, name='replay_checkpoint')
 
   def save_stats(self, stats: EpisodeStats) -> None:
-    self.env_steps.assign(stats.env_steps)
-    self.episodes.assign(stats.episodes)
+    self.env_steps.assign(stats.env_steps, read_value=False)
+    self.episodes.assign(stats.episodes, read_value=False)
     window = self.recent_returns.shape[0]
     values = np.full(window, np.nan, np.float32)
     recent = list(stats.recent_returns)[-window:]
     values[:len(recent)] = recent
-    self.recent_returns.assign(values)
+    self.recent_returns.assign(values, read_value=False)
 
   def load_stats(self, stats: EpisodeStats) -> None:
     stats.env_steps = int(self.env_steps.numpy())
@@ -196,7 +196,7 @@ def save_pair(client: reverb.Client, checkpointer: ResumableCheckpointer,
   checkpoint, and `check_replay_pair` tells whether the table matches it.
   """
   path = client.checkpoint()
-  run_state.replay_checkpoint.assign(os.path.basename(path.rstrip('/')))
+  run_state.replay_checkpoint.assign(os.path.basename(path.rstrip('/')), read_value=False)
   checkpointer.save(train_step)
   logging.info('Checkpoint at train_step %d with replay %s', int(train_step.numpy()), path)
 
