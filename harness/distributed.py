@@ -280,7 +280,7 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
 
   connect(client)
   env_steps = _env_steps_of(cfg, int(train_step.numpy()))
-  run_state.env_steps.assign(env_steps, read_value=False)
+  run_state.set_env_steps(env_steps)
   _retrying(settings, address, push, connect)
   reporter.start_clock(env_steps)
   loss = float('nan')
@@ -289,8 +289,7 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
     before = env_steps
     loss = _retrying(settings, address, lambda: state['trainer'](), connect)
     env_steps = _env_steps_of(cfg, int(train_step.numpy()))
-    # read_value=False: see the same assign in experiment.run_single_process.
-    run_state.env_steps.assign(env_steps, read_value=False)
+    run_state.set_env_steps(env_steps)
     done = env_steps >= cfg.num_env_steps
     if crossed(before, env_steps, settings.push_interval_steps) or done:
       _retrying(settings, address, push, connect)

@@ -126,7 +126,8 @@ class SummaryWriter:
     with self._writer.as_default():
       for name, value in values.items():
         if value is not None and np.isfinite(value):
-          tf.summary.scalar(name, value, step=step)
+          # numpy values: TF keeps a tensor per distinct Python scalar (RunState.set_env_steps).
+          tf.summary.scalar(name, np.float64(value), step=np.int64(step))
     self._writer.flush()
 
   def close(self) -> None:
