@@ -36,7 +36,7 @@ _INITIAL = flags.DEFINE_integer('initial_collect_steps', 2_000, 'Random steps be
 _LOG_INTERVAL = flags.DEFINE_integer('log_interval', 1_000, 'Steps between metrics rows.')
 # Evaluations and checkpoints follow the gin file (every 250,000 steps in
 # gin/ddqn_atari.gin) unless these are set. Each evaluation + checkpoint (with
-# policy exports) leaves about 1.5 MB behind, so with short intervals the slope
+# policy exports) leaves about 0.5 to 1.5 MB behind, so with short intervals the slope
 # measures their frequency more than the run; the report then also prints the
 # mean RSS change across them.
 _EVAL_INTERVAL = flags.DEFINE_integer('eval_interval', None, 'Steps between evaluations '
