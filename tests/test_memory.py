@@ -73,12 +73,15 @@ def test_setting_the_env_step_counter_every_iteration_keeps_no_memory():
   # Run loops set the counter once per iteration with a new value each time.
   # Assigning a Python int keeps ~650 bytes per new value in TF 2.15 (its cache
   # of tensors made from Python scalars): 12.6 MiB here.
+  # Values far from any other test's, so none is cached already whatever ran
+  # before in this process.
+  first = 7_000_000_000
   run_state = checkpoints.RunState()
-  for step in range(1_000):
+  for step in range(first, first + 1_000):
     run_state.set_env_steps(step)
   before = _live_malloc_bytes()
-  for step in range(1_000, 21_000):
+  for step in range(first + 1_000, first + 21_000):
     run_state.set_env_steps(step)
   kept = (_live_malloc_bytes() - before) / 2**20
-  assert int(run_state.env_steps.numpy()) == 20_999
+  assert int(run_state.env_steps.numpy()) == first + 20_999
   assert kept < 2, f'{kept:.1f} MiB kept by 20,000 counter updates'
