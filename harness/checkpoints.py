@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import time
 from typing import List, Optional
 
 from absl import logging
@@ -33,6 +34,8 @@ class RunState(tf.Module):
     self.max_priority = tf.Variable(1.0, dtype=tf.float32, name='max_priority')
     # Name of the Reverb checkpoint written just before this TF checkpoint: the pair.
     self.replay_checkpoint = tf.Variable('', dtype=tf.string, name='replay_checkpoint')
+    # Seconds the run's launches spent up to this checkpoint (results.json).
+    self.wall_seconds = tf.Variable(0.0, dtype=tf.float64, name='wall_seconds')
 
   def set_env_steps(self, env_steps: int) -> None:
     """Sets the env-step counter (it drives the epsilon decay); run loops call
@@ -59,6 +62,24 @@ class RunState(tf.Module):
     stats.recent_returns.clear()
     stats.recent_returns.extend(
         float(r) for r in self.recent_returns.numpy() if np.isfinite(r))
+
+
+class WallClock:
+  """Wall seconds of a run over all its launches (time after a crash's last
+  checkpoint is not counted: that work is done again)."""
+
+  def __init__(self, run_state: RunState):
+    """Make it after the restore: it continues from the restored seconds."""
+    self._run_state = run_state
+    self._started = time.time()
+    self._before = float(run_state.wall_seconds.numpy())
+
+  def total(self) -> float:
+    return self._before + time.time() - self._started
+
+  def record(self) -> None:
+    """Puts the total into the run state, before a checkpoint is written."""
+    self._run_state.wall_seconds.assign(np.float64(self.total()), read_value=False)
 
 
 def train_dir(root_dir: str) -> str:

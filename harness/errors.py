@@ -246,14 +246,14 @@ def gin_usage_error(error: BaseException, gin_bindings: Sequence[str] = (),
   match = _UNKNOWN_PARAMETER.search(head)
   if match:
     key = f'{match.group(1).rsplit(".", 1)[-1]}.{match.group(2)}'
-    return UsageError(f'unknown gin binding {key!r}{_where(location)}: ' + _hint(key))
+    return UsageError(f'unknown gin binding {key!r}{_where(location)}: ' + binding_hint(key))
   match = _UNKNOWN_CONFIGURABLE.search(head)
   if match:
     selector = match.group(1).strip()
     statement = _statement(message)
     key = statement.split('=', 1)[0].strip() if '=' in statement else ''
     if key and 'reference' not in head:
-      return UsageError(f'unknown gin binding {key!r}{_where(location)}: ' + _hint(key))
+      return UsageError(f'unknown gin binding {key!r}{_where(location)}: ' + binding_hint(key))
     close = difflib.get_close_matches(selector, _known_configurable_names(), n=3, cutoff=0.6)
     hint = (f"did you mean {', '.join(repr(c) for c in close)}?" if close else
             'import the module that defines it at the top of the gin file')
@@ -265,7 +265,8 @@ def gin_usage_error(error: BaseException, gin_bindings: Sequence[str] = (),
   return UsageError(f'bad gin configuration{_where(location)}: {head}')
 
 
-def _hint(key: str) -> str:
+def binding_hint(key: str) -> str:
+  """'did you mean ...?' for an unknown binding name, or what its configurable takes."""
   close = suggest_binding(key)
   if close:
     return f"did you mean {', '.join(repr(c) for c in close)}?"

@@ -20,6 +20,8 @@ import tensorflow as tf
 from tf_agents.drivers import py_driver
 from tf_agents.environments import py_environment
 from tf_agents.policies import epsilon_greedy_policy
+from tf_agents.policies import py_epsilon_greedy_policy
+from tf_agents.policies import py_tf_eager_policy
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 
@@ -32,6 +34,7 @@ from harness import learn
 from harness import memory
 from harness import metrics
 from harness import replay
+from harness import results
 from harness import resume
 from harness.errors import UsageError
 
@@ -58,6 +61,7 @@ class RunConfig:
   job: str
   replay_address: Optional[str]
   eval_epsilon: float = 0.0
+  final_eval_episodes: int = 20
 
   @property
   def replay_ratio(self) -> float:
@@ -67,7 +71,7 @@ class RunConfig:
   def validate(self) -> None:
     for name in ('num_env_steps', 'replay_capacity', 'batch_size', 'num_envs',
                  'collect_steps_per_iteration', 'train_steps_per_iteration', 'eval_interval',
-                 'eval_episodes', 'checkpoint_interval', 'log_interval'):
+                 'eval_episodes', 'checkpoint_interval', 'log_interval', 'final_eval_episodes'):
       value = getattr(self, name)
       if value is None or value <= 0:
         raise UsageError(f'train_eval.{name}={value} must be positive, e.g. '
@@ -215,13 +219,16 @@ class Reporter:
     self._eval_summaries = metrics.SummaryWriter(os.path.join(root, 'eval'))
     self.exporter = checkpoints.PolicyExporter(root, parts.agent)
     eval_env = envs.make_env(seed=cfg.seed + 10_000)
-    eval_policy = parts.agent.policy
-    if cfg.eval_epsilon > 0:
-      eval_policy = epsilon_greedy_policy.EpsilonGreedyPolicy(eval_policy, cfg.eval_epsilon)
-    self._evaluation = Evaluation(eval_env, collect.CompiledPolicy(eval_policy, eval_env),
-                                  cfg.eval_episodes)
+    self._evaluation = Evaluation(eval_env, self._eval_policy(eval_env), cfg.eval_episodes)
     self._last = None
     self._start = None
+
+  def _eval_policy(self, env: py_environment.PyEnvironment) -> collect.CompiledPolicy:
+    """The greedy policy (epsilon-greedy with `eval_epsilon`), compiled for `env`."""
+    policy = self._parts.agent.policy
+    if self._cfg.eval_epsilon > 0:
+      policy = epsilon_greedy_policy.EpsilonGreedyPolicy(policy, self._cfg.eval_epsilon)
+    return collect.CompiledPolicy(policy, env)
 
   def log(self, row: dict) -> None:
     """Appends a metrics row (steps_per_sec filled in) and prints the progress line."""
@@ -260,6 +267,50 @@ class Reporter:
     if mean > float(best.numpy()):
       best.assign(mean)
       self.exporter.save_best()
+
+  def write_results(self, env_steps: int, episodes: int, wall_seconds: float) -> None:
+    """Evaluates the final greedy policy and best_policy; writes ROOT/results.json.
+
+    Both play `final_eval_episodes` episodes from the same seeded starts, with
+    the evaluation epsilon of the run. Skipped when results.json already
+    describes this train step (a resumed run that was already at its target).
+    """
+    train_step = int(self._parts.train_step.numpy())
+    previous = results.read_results(self._cfg.root_dir)
+    if previous is not None and previous['train_step'] == train_step:
+      return
+    episodes_each = self._cfg.final_eval_episodes
+    seed = self._cfg.seed + 20_000
+    final = self._final_evaluation(self._eval_policy, seed).run()
+    final_mean, final_std = metrics.mean_std(final.recent_returns)
+    best_mean, best_std = final_mean, final_std
+    best_dir = self.exporter.path('best_policy')
+    if os.path.isfile(os.path.join(best_dir, 'saved_model.pb')):
+      best = self._final_evaluation(self._saved_policy(best_dir), seed).run()
+      best_mean, best_std = metrics.mean_std(best.recent_returns)
+    path = results.write_results(self._cfg.root_dir, {
+        'final_return': final_mean, 'final_return_std': final_std,
+        'best_policy_return': best_mean, 'best_policy_return_std': best_std,
+        'best_eval_return': float(self._parts.run_state.best_eval_return.numpy()),
+        'env_steps': env_steps, 'train_step': train_step, 'wall_seconds': wall_seconds,
+        'episodes': episodes, 'final_eval_episodes': episodes_each,
+        'eval_epsilon': self._cfg.eval_epsilon, 'num_env_steps': self._cfg.num_env_steps})
+    logging.info('final policy: return %.1f +- %.1f over %d episodes; best_policy: %.1f +- %.1f '
+                 '(%s)', final_mean, final_std, episodes_each, best_mean, best_std, path)
+
+  def _final_evaluation(self, policy, seed: int) -> 'Evaluation':
+    env = envs.make_env(seed=seed)
+    if callable(policy):
+      policy = policy(env)
+    return Evaluation(env, policy, self._cfg.final_eval_episodes)
+
+  def _saved_policy(self, policy_dir: str):
+    """An exported policy as a py policy, epsilon-greedy like the evaluations."""
+    policy = py_tf_eager_policy.SavedModelPyTFEagerPolicy(
+        policy_dir, load_specs_from_pbtxt=True, use_tf_function=True)
+    if self._cfg.eval_epsilon > 0:
+      policy = py_epsilon_greedy_policy.EpsilonGreedyPolicy(policy, self._cfg.eval_epsilon)
+    return policy
 
   def close(self) -> None:
     self._train_summaries.close()
@@ -301,6 +352,7 @@ def train_eval(root_dir: str,
                eval_interval: int = 5_000,
                eval_episodes: int = 10,
                eval_epsilon: float = 0.0,
+               final_eval_episodes: int = 20,
                checkpoint_interval: int = 10_000,
                log_interval: int = 1_000,
                seed: int = 0,
@@ -323,6 +375,8 @@ def train_eval(root_dir: str,
       held over the env steps actually collected.
     eval_interval, eval_episodes: greedy evaluation every that many env steps.
     eval_epsilon: evaluation acts epsilon-greedy with this (Atari: 0.05); 0 = greedy.
+    final_eval_episodes: episodes of the final policy (and of best_policy) at the
+      target, written to ROOT/results.json.
     checkpoint_interval: env steps between checkpoints (TF, Reverb, policies).
     log_interval: env steps between rows of metrics.csv and progress lines.
     seed: seeds environments, networks and sampling.
@@ -336,7 +390,7 @@ def train_eval(root_dir: str,
   cfg = RunConfig(root_dir, num_env_steps, replay_capacity, batch_size, initial_collect_steps,
                   num_envs, collect_steps_per_iteration, train_steps_per_iteration,
                   eval_interval, eval_episodes, checkpoint_interval, log_interval, seed,
-                  prioritized_replay, job, replay_address, eval_epsilon)
+                  prioritized_replay, job, replay_address, eval_epsilon, final_eval_episodes)
   cfg.validate()
   seed_everything(seed)
   if job == 'all':
@@ -357,6 +411,7 @@ def run_single_process(cfg: RunConfig) -> None:
   parts = build_agent(cfg, collect_env)
   run_dir = RunDirectory(cfg.root_dir, parts)
   run_state, train_step = parts.run_state, parts.train_step
+  clock = checkpoints.WallClock(run_state)
   stats = metrics.EpisodeStats(num_envs=cfg.num_envs)
   run_state.load_stats(stats)
 
@@ -381,6 +436,7 @@ def run_single_process(cfg: RunConfig) -> None:
   def save_checkpoint() -> None:
     replay_observer.flush()
     run_state.save_stats(stats)
+    clock.record()
     checkpoints.save_pair(client, run_dir.checkpointer, run_state, train_step)
     reporter.exporter.save_current()
 
@@ -416,6 +472,7 @@ def run_single_process(cfg: RunConfig) -> None:
   if stats.env_steps == started or not os.path.exists(reporter.exporter.path('greedy_policy')):
     # Nothing new was trained (target already reached): still leave a complete run dir.
     save_checkpoint()
+  reporter.write_results(stats.env_steps, stats.episodes, clock.total())
   logging.info('Done: env_steps %d, train_step %d', stats.env_steps, int(train_step.numpy()))
   replay_observer.close()
   reporter.close()

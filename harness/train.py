@@ -43,6 +43,13 @@ _REPLAY_ADDRESS = flags.DEFINE_string(
 _COLLECTOR_ID = flags.DEFINE_integer(
     'collector_id', 0, 'Which collector this is (--job=collect): its seed and csv file.')
 
+_CHECK_ONLY = flags.DEFINE_bool(
+    'check_only', False, 'Check the flags, gin files, bindings and environment, then exit '
+    '(0 = fine, 2 = one-line error); nothing is written. --root_dir is optional then.')
+_CHECK_NAMES = flags.DEFINE_multi_string(
+    'check_names', [], 'With --check_only: binding names (configurable.parameter) that must '
+    'exist, e.g. the names a sweep will bind.')
+
 _PROGRAM = 'harness-train'
 # Jobs that connect to a replay server started elsewhere (`--job=replay`).
 _JOBS_NEEDING_REPLAY = ('replay', 'collect', 'learn', 'eval')
@@ -140,18 +147,30 @@ def _call_experiment() -> None:
                         job=_JOB.value, collector_id=_COLLECTOR_ID.value)
 
 
+def check_names(names: Sequence[str]) -> None:
+  """Raises `UsageError` for a name that no configurable parameter has."""
+  known = set(errors.known_binding_names())
+  for name in names:
+    if name not in known:
+      raise UsageError(f'unknown gin binding {name!r}: {errors.binding_hint(name)}')
+
+
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     raise UsageError(f'unexpected arguments {argv[1:]}: use --flag=value forms')
-  check_root_dir(_ROOT_DIR.value)
+  if not (_CHECK_ONLY.value and _ROOT_DIR.value is None):
+    check_root_dir(_ROOT_DIR.value)
   check_job(_JOB.value, _REPLAY_ADDRESS.value)
   harness.quiet_tensorflow_logs()
   # Library output while checking the input (gin's logging of a missing file,
   # the ALE banner) is held back: a failed start shows only our error line.
   with errors.held_output(replay_on_error=_verbose()):
     parse_gin(_GIN_FILE.value, _GIN_BINDINGS.value)
+    check_names(_CHECK_NAMES.value)
     check_values()
     check_env()
+  if _CHECK_ONLY.value:
+    return
   memory.configure_allocator()
   _call_experiment()
 
