@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence, Tuple
 
 import gin
@@ -73,10 +74,59 @@ _LOSSES = {'huber': common.element_wise_huber_loss,
            'mse': common.element_wise_squared_loss}
 
 
-def check_epsilon(name: str, value: float) -> None:
-  if not 0.0 <= value <= 1.0:
-    raise UsageError(f'make_agent.{name}={value} is outside [0, 1]: epsilon is a '
-                     'probability, e.g. make_agent.epsilon_greedy=0.05')
+@dataclasses.dataclass
+class BuiltAgent:
+  """A DdqnAgent with the pieces the harness drives, so nothing reaches into privates.
+
+  Attributes:
+    agent: the tf-agents DdqnAgent.
+    optimizer: its Adam optimizer; `optimizer.learning_rate` is the live variable.
+    epsilon: the collect epsilon schedule (variables, read inside the policy graph).
+    n_step_update: n of the n-step TD target.
+  """
+  agent: dqn_agent.DdqnAgent
+  optimizer: tf.keras.optimizers.Optimizer
+  epsilon: 'EpsilonSchedule'
+  n_step_update: int
+
+  @property
+  def sequence_length(self) -> int:
+    """Steps per replay item: n_step_update + 1."""
+    return self.n_step_update + 1
+
+  @property
+  def learning_rate(self) -> tf.Variable:
+    """The optimizer's live learning-rate variable (restored by checkpoints)."""
+    return self.optimizer.learning_rate
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_settings(epsilon_greedy: float = 0.1, epsilon_start: float = 1.0,
+                   epsilon_decay_steps: int = 0, learning_rate: float = 1e-3,
+                   n_step_update: int = 1, td_errors_loss_fn: str = 'huber') -> None:
+  """The one home of the checks on `make_agent` values; raises `UsageError`.
+
+  `harness-train` calls it with the bound values before anything is built, and
+  `make_agent` calls it again with what it was given.
+  """
+  for name, value in (('epsilon_greedy', epsilon_greedy), ('epsilon_start', epsilon_start)):
+    if not _is_number(value) or not 0.0 <= value <= 1.0:
+      raise UsageError(f'make_agent.{name}={value!r} is outside [0, 1]: epsilon is a '
+                       'probability, e.g. make_agent.epsilon_greedy=0.05')
+  if not _is_number(learning_rate) or learning_rate <= 0:
+    raise UsageError(f'make_agent.learning_rate={learning_rate!r} must be a positive number, '
+                     'e.g. 1e-3')
+  if not isinstance(n_step_update, int) or n_step_update < 1:
+    raise UsageError(f'make_agent.n_step_update={n_step_update!r} must be an integer >= 1')
+  if not isinstance(epsilon_decay_steps, int) or epsilon_decay_steps < 0:
+    raise UsageError(f'make_agent.epsilon_decay_steps={epsilon_decay_steps!r} must be an '
+                     'integer >= 0 (0 means a constant epsilon_greedy)')
+  if td_errors_loss_fn not in _LOSSES:
+    raise UsageError(f'make_agent.td_errors_loss_fn={td_errors_loss_fn!r} is unknown: '
+                     f'use one of {sorted(_LOSSES)}')
 
 
 @gin.configurable
@@ -97,7 +147,7 @@ def make_agent(time_step_spec: ts.TimeStep,
                reward_scale_factor: float = 1.0,
                epsilon_greedy: float = 0.1,
                epsilon_start: float = 1.0,
-               epsilon_decay_steps: int = 0) -> dqn_agent.DdqnAgent:
+               epsilon_decay_steps: int = 0) -> BuiltAgent:
   """Builds a DdqnAgent whose collect epsilon and learning rate live in variables.
 
   Args:
@@ -117,18 +167,9 @@ def make_agent(time_step_spec: ts.TimeStep,
     epsilon_start, epsilon_decay_steps: linear decay over that many env steps;
       0 means a constant `epsilon_greedy`.
   """
-  for name, value in (('epsilon_greedy', epsilon_greedy), ('epsilon_start', epsilon_start)):
-    check_epsilon(name, value)
-  if td_errors_loss_fn not in _LOSSES:
-    raise UsageError(f'make_agent.td_errors_loss_fn={td_errors_loss_fn!r} is unknown: '
-                     f"use one of {sorted(_LOSSES)}")
-  if learning_rate <= 0:
-    raise UsageError(f'make_agent.learning_rate={learning_rate} must be positive, e.g. 1e-3')
-  if n_step_update < 1:
-    raise UsageError(f'make_agent.n_step_update={n_step_update} must be at least 1')
-  if epsilon_decay_steps < 0:
-    raise UsageError(f'make_agent.epsilon_decay_steps={epsilon_decay_steps} must be >= 0 '
-                     '(0 means a constant epsilon_greedy)')
+  check_settings(epsilon_greedy=epsilon_greedy, epsilon_start=epsilon_start,
+                 epsilon_decay_steps=epsilon_decay_steps, learning_rate=learning_rate,
+                 n_step_update=n_step_update, td_errors_loss_fn=td_errors_loss_fn)
 
   q_net = _q_network(time_step_spec.observation, action_spec, fc_layer_params,
                      conv_layer_params)
@@ -156,10 +197,5 @@ def make_agent(time_step_spec: ts.TimeStep,
   # Tracked by the collect policy, so the checkpoint and the exported collect
   # policy both carry the schedule's variables.
   agent.collect_policy.epsilon_schedule = epsilon
-  agent.epsilon_schedule = epsilon
-  return agent
-
-
-def learning_rate_variable(agent: dqn_agent.DdqnAgent) -> tf.Variable:
-  """The optimizer's live learning-rate variable (restored by checkpoints)."""
-  return agent._optimizer.learning_rate  # pylint: disable=protected-access
+  return BuiltAgent(agent=agent, optimizer=optimizer, epsilon=epsilon,
+                    n_step_update=n_step_update)

@@ -16,6 +16,7 @@ from tf_agents.agents.dqn import dqn_agent
 from tf_agents.policies import policy_saver
 from tf_agents.utils import common
 
+from harness import agents
 from harness.errors import UsageError
 from harness.metrics import EpisodeStats
 
@@ -137,18 +138,18 @@ class ResumableCheckpointer:
   what the user asked.
   """
 
-  def __init__(self, root_dir: str, agent: dqn_agent.DqnAgent, run_state: RunState,
+  def __init__(self, root_dir: str, built: agents.BuiltAgent, run_state: RunState,
                max_to_keep: int = 3):
-    self._agent = agent
+    self._built = built
     # This launch's settings, read before the restore can overwrite them.
-    self._wanted_epsilon = agent.epsilon_schedule.settings()
-    self._wanted_learning_rate = float(agent._optimizer.learning_rate.numpy())  # pylint: disable=protected-access
+    self._wanted_epsilon = built.epsilon.settings()
+    self._wanted_learning_rate = float(built.learning_rate.numpy())
     directory = train_dir(root_dir)
     _skip_damaged_checkpoints(directory)
     try:
       self._checkpointer = common.Checkpointer(
-          ckpt_dir=directory, max_to_keep=max_to_keep, agent=agent,
-          train_step=agent.train_step_counter, run_state=run_state)
+          ckpt_dir=directory, max_to_keep=max_to_keep, agent=built.agent,
+          train_step=built.agent.train_step_counter, run_state=run_state)
     except ValueError as e:
       raise UsageError(
           f'the checkpoint in {directory} does not fit this agent ({str(e).splitlines()[0]}): '
@@ -165,7 +166,7 @@ class ResumableCheckpointer:
     if not self.restored:
       return []
     changes = []
-    schedule = self._agent.epsilon_schedule
+    schedule = self._built.epsilon
     restored = schedule.settings()
     schedule.assign(end=self._wanted_epsilon['epsilon_greedy'],
                     start=self._wanted_epsilon['epsilon_start'],
@@ -175,7 +176,7 @@ class ResumableCheckpointer:
         changes.append(Reapplied(f'make_agent.{name}', restored[name], wanted))
     # Keras Adam keeps learning_rate in a variable that the restore brought back;
     # beta_1/beta_2/epsilon/clipnorm are plain attributes and are not restored.
-    learning_rate = self._agent._optimizer.learning_rate  # pylint: disable=protected-access
+    learning_rate = self._built.learning_rate
     restored_lr = float(learning_rate.numpy())
     learning_rate.assign(self._wanted_learning_rate)
     if restored_lr != self._wanted_learning_rate:

@@ -16,7 +16,7 @@ import dataclasses
 import os
 import signal
 import time
-from typing import Callable, Dict, TypeVar
+from typing import Callable, Dict, Tuple, TypeVar
 
 from absl import logging
 import gin
@@ -28,12 +28,16 @@ from harness import checkpoints
 from harness import collect
 from harness import envs
 from harness import learn
+from harness import loop
 from harness import metrics
 from harness import replay
+from harness import reporting
+from harness import triggers
 from harness.errors import UsageError
-from harness.experiment import (AgentParts, Reporter, RunConfig, RunDirectory, build_agent,
-                                crossed, make_collect_env, make_replay_table, metrics_row,
-                                prioritized_settings, replay_layout)
+from harness.parts import (AgentParts, build_agent, make_collect_env, make_replay_table,
+                           prioritized_settings, replay_layout)
+from harness.run_dir import RunDirectory
+from harness.settings import RunConfig
 
 VARIABLES_TABLE = reverb_variable_container.DEFAULT_TABLE
 COLLECTOR_COLUMNS = ['wall_time', 'env_steps', 'policy_train_step', 'epsilon']
@@ -112,7 +116,7 @@ def shared_variables(parts: AgentParts) -> Dict[str, object]:
   The epsilon variables travel too, so collectors use the learner's (possibly
   re-applied) settings, and `env_steps` drives their epsilon schedule.
   """
-  schedule = parts.agent.epsilon_schedule
+  schedule = parts.built.epsilon
   return {
       reverb_variable_container.POLICY_KEY: parts.agent.policy.variables(),
       'epsilon': [schedule.start, schedule.end, schedule.decay_steps],
@@ -129,25 +133,35 @@ def _variables_table(parts: AgentParts) -> reverb.Table:
                       rate_limiter=reverb.rate_limiters.MinSize(1), signature=signature)
 
 
+def rate_limiter_settings(batch_size: int, replay_ratio: float, initial_collect_steps: int,
+                          rows_per_item: int, tolerance_inserts: int) -> Tuple[float, int, float]:
+  """(samples_per_insert, min_size_to_sample, error_buffer) that hold the replay ratio.
+
+  An item holds rows_per_item env steps, which earn rows_per_item * ratio
+  gradient steps, each sampling batch_size / rows_per_item items: so
+  batch_size * ratio samples per inserted item, whatever the grouping.
+  """
+  samples_per_insert = batch_size * replay_ratio
+  min_items = max(1, initial_collect_steps // rows_per_item)
+  error_buffer = max(tolerance_inserts * samples_per_insert, 2.0 * max(1.0, samples_per_insert))
+  return samples_per_insert, min_items, error_buffer
+
+
 def _rate_limiter(cfg: RunConfig, settings: Distributed, rows_per_item: int):
-  """Samples per insert that hold the replay ratio between learner and collectors."""
-  # An item holds rows_per_item env steps, which earn rows_per_item * ratio
-  # gradient steps, each sampling batch_size / rows_per_item items.
-  samples_per_insert = cfg.batch_size * cfg.replay_ratio
-  min_items = max(1, cfg.initial_collect_steps // rows_per_item)
-  error_buffer = max(settings.tolerance_inserts * samples_per_insert,
-                     2.0 * max(1.0, samples_per_insert))
-  return reverb.rate_limiters.SampleToInsertRatio(samples_per_insert, min_items, error_buffer)
+  """The rate limiter of the replay table that keeps learner and collectors in step."""
+  return reverb.rate_limiters.SampleToInsertRatio(*rate_limiter_settings(
+      cfg.batch_size, cfg.replay_ratio, cfg.initial_collect_steps, rows_per_item,
+      settings.tolerance_inserts))
 
 
-def run_job(cfg: RunConfig, collector_id: int = 0) -> None:
+def run_job(cfg: RunConfig) -> None:
   """Runs the job that `cfg.job` names."""
   settings = Distributed()
   address = _check_address(cfg)
   if cfg.job == 'replay':
     run_replay(cfg, settings, address)
   elif cfg.job == 'collect':
-    run_collector(cfg, settings, address, collector_id)
+    run_collector(cfg, settings, address, cfg.collector_id)
   elif cfg.job == 'learn':
     run_learner(cfg, settings, address)
   else:
@@ -224,7 +238,7 @@ def run_collector(cfg: RunConfig, settings: Distributed, address: str,
     learner_env_steps = int(parts.run_state.env_steps.numpy())
     log.append({'wall_time': time.time(), 'env_steps': stats.env_steps,
                 'policy_train_step': int(parts.train_step.numpy()) if pulled else -1,
-                'epsilon': float(parts.agent.epsilon_schedule().numpy())})
+                'epsilon': float(parts.built.epsilon().numpy())})
     if pulled and learner_env_steps >= cfg.num_env_steps:
       logging.info('Learner reached its target (%d env steps): collector %d done',
                    learner_env_steps, collector_id)
@@ -254,13 +268,14 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
   run_dir = RunDirectory(cfg.root_dir, parts)
   layout = replay_layout(cfg, parts)
   train_step, run_state = parts.train_step, parts.run_state
+  clock = checkpoints.WallClock(run_state)
   client = wait_for_server(address, settings.max_unreachable_seconds)
   pair_warning = (checkpoints.check_replay_pair(run_state, replay.replay_dir(cfg.root_dir))
                   if run_dir.checkpointer.restored else None)
   run_dir.write_launch_files(pair_warning)
-  reporter = Reporter(cfg, parts, run_dir.restored_step)
+  reporter = reporting.Reporter(cfg, parts, run_dir.restored_step)
   per = prioritized_settings(cfg)
-  state = {}
+  state = {'loss': float('nan')}
 
   def connect(new_client: reverb.Client) -> None:
     state['client'] = new_client
@@ -271,42 +286,40 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
     state['trainer'] = learn.Trainer(parts.agent, layout.make_dataset(address, cfg.batch_size),
                                      cfg.train_steps_per_iteration, priorities)
 
-  def push() -> None:
-    state['variables'].push(shared_variables(parts))
+  def push(_: int = 0) -> None:
+    _retrying(settings, address,
+              lambda: state['variables'].push(shared_variables(parts)), connect)
+
+  def iteration() -> int:
+    state['loss'] = _retrying(settings, address, lambda: state['trainer'](), connect)
+    env_steps = _env_steps_of(cfg, int(train_step.numpy()))
+    run_state.set_env_steps(env_steps)
+    return env_steps
+
+  def metrics_row(env_steps: int) -> dict:
+    size = _retrying(settings, address, lambda: replay.table_size(state['client']), connect)
+    return reporting.metrics_row(parts, env_steps, state['loss'], size * layout.rows_per_item,
+                                 float('nan'), state['trainer'], None)
 
   def save_checkpoint() -> None:
-    checkpoints.save_pair(state['client'], run_dir.checkpointer, run_state, train_step)
-    reporter.exporter.save_current()
+    def save() -> None:
+      clock.record()
+      checkpoints.save_pair(state['client'], run_dir.checkpointer, run_state, train_step)
+      reporter.exporter.save_current()
+    _retrying(settings, address, save, connect)
 
   connect(client)
   env_steps = _env_steps_of(cfg, int(train_step.numpy()))
   run_state.set_env_steps(env_steps)
-  _retrying(settings, address, push, connect)
-  reporter.start_clock(env_steps)
-  loss = float('nan')
+  push()
   logging.info('Learner training from %s until %d env steps', address, cfg.num_env_steps)
-  while env_steps < cfg.num_env_steps:
-    before = env_steps
-    loss = _retrying(settings, address, lambda: state['trainer'](), connect)
-    env_steps = _env_steps_of(cfg, int(train_step.numpy()))
-    run_state.set_env_steps(env_steps)
-    done = env_steps >= cfg.num_env_steps
-    if crossed(before, env_steps, settings.push_interval_steps) or done:
-      _retrying(settings, address, push, connect)
-    if crossed(before, env_steps, cfg.log_interval) or done:
-      size = _retrying(settings, address, lambda: replay.table_size(state['client']), connect)
-      reporter.log(metrics_row(parts, env_steps, loss, size * layout.rows_per_item,
-                               float('nan'), state['trainer'], None))
-    if settings.eval_in_learner and (crossed(before, env_steps, cfg.eval_interval) or done):
-      reporter.evaluate(env_steps)
-    if crossed(before, env_steps, cfg.checkpoint_interval) or done:
-      _retrying(settings, address, save_checkpoint, connect)
-  if not os.path.exists(reporter.exporter.path('greedy_policy')):
-    _retrying(settings, address, save_checkpoint, connect)
+  hooks = loop.JobHooks(
+      iteration=iteration, metrics_row=metrics_row, save_checkpoint=save_checkpoint,
+      episodes=lambda: None, evaluate=settings.eval_in_learner,
+      extra_triggers=[triggers.IntervalTrigger(settings.push_interval_steps, push)])
+  loop.train_to_target(cfg, reporter, clock, hooks, env_steps)
   # The final push carries env_steps >= target: collectors see it and stop.
-  _retrying(settings, address, push, connect)
-  logging.info('Learner done: env_steps %d, train_step %d', env_steps,
-               int(train_step.numpy()))
+  push()
   reporter.close()
 
 
@@ -316,7 +329,7 @@ def run_evaluator(cfg: RunConfig, settings: Distributed, address: str) -> None:
   Writes eval.csv rows itself; run it with `Distributed.eval_in_learner=False`.
   """
   parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
-  reporter = Reporter(cfg, parts, restored_step=None)
+  reporter = reporting.Reporter(cfg, parts, restored_step=None)
   client = wait_for_server(address, settings.max_unreachable_seconds)
   container = reverb_variable_container.ReverbVariableContainer(address)
   variables = shared_variables(parts)

@@ -85,6 +85,10 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
   def gym_env(self) -> gym.Env:
     return self._env
 
+  @property
+  def env_id(self) -> str:
+    return self._env_id
+
   def observation_spec(self) -> array_spec.ArraySpec:
     return self._observation_spec
 

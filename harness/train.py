@@ -24,9 +24,9 @@ import gin
 
 from harness import agents
 from harness import envs
-from harness import distributed  # pylint: disable=unused-import  (registers configurables)
 from harness import experiment
 from harness import memory
+from harness import shutdown
 from harness import errors
 from harness.errors import UsageError
 import harness
@@ -102,26 +102,20 @@ def check_job(job: str, replay_address: Optional[str]) -> None:
 
 def _gin_value(fn: Callable[..., Any], name: str) -> Any:
   """The value gin will pass for `fn`'s parameter `name` (binding or default)."""
-  selector = f'{fn.__name__}.{name}'
-  try:
-    return gin.query_parameter(selector)
-  except ValueError:  # Not bound: the function's own default applies.
-    return inspect.signature(fn).parameters[name].default
+  bound = gin.get_bindings(fn)
+  if name in bound:
+    return bound[name]
+  return inspect.signature(fn).parameters[name].default
 
 
-def check_values() -> None:
-  """Checks the bound values that would otherwise fail only deep inside the run."""
-  for name in ('num_env_steps', 'batch_size', 'replay_capacity'):
-    value = _gin_value(experiment.train_eval, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-      raise UsageError(f'train_eval.{name}={value!r} must be a positive integer, e.g. '
-                       f'--gin_bindings="train_eval.{name}=1000"')
-  for name in ('epsilon_greedy', 'epsilon_start'):
-    value = _gin_value(agents.make_agent, name)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-      raise UsageError(f'make_agent.{name}={value!r} must be a number in [0, 1], '
-                       'e.g. make_agent.epsilon_greedy=0.05')
-    agents.check_epsilon(name, float(value))
+def check_values(root_dir: Optional[str], job: str, replay_address: Optional[str],
+                 collector_id: int) -> None:
+  """Checks the bound values that would otherwise fail only deep inside the run
+  (with the same checks the run applies: `RunConfig.validate`, `agents.check_settings`)."""
+  experiment.settings_from_gin(root_dir=root_dir, job=job, replay_address=replay_address,
+                               collector_id=collector_id).validate()
+  names = inspect.signature(agents.check_settings).parameters
+  agents.check_settings(**{name: _gin_value(agents.make_agent, name) for name in names})
 
 
 def check_env() -> None:
@@ -167,7 +161,7 @@ def main(argv: List[str]) -> None:
   with errors.held_output(replay_on_error=_verbose()):
     parse_gin(_GIN_FILE.value, _GIN_BINDINGS.value)
     check_names(_CHECK_NAMES.value)
-    check_values()
+    check_values(_ROOT_DIR.value, _JOB.value, _REPLAY_ADDRESS.value, _COLLECTOR_ID.value)
     check_env()
   if _CHECK_ONLY.value:
     return
@@ -186,6 +180,8 @@ def _main_with_clean_errors(argv: List[str]) -> None:
   except UsageError as e:
     errors.report(_PROGRAM, e, _verbose())
     sys.exit(UsageError.exit_code)
+  except shutdown.Stopped as e:
+    sys.exit(e.exit_code)
 
 
 def _parse_flags(argv: List[str]) -> List[str]:

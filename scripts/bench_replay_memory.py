@@ -77,11 +77,11 @@ def main(argv) -> None:
   memory.configure_allocator()  # as harness-train does
   gin.parse_config_files_and_bindings(_GIN_FILE.value, _GIN_BINDINGS.value)
   env = envs.make_env(seed=_SEED.value)
-  agent = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
+  built = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
                             tensor_spec.from_spec(env.action_spec()),
                             train_utils.create_train_step(), tf.Variable(0, dtype=tf.int64))
-  sequence_length = agent._n_step_update + 1  # pylint: disable=protected-access
-  env_id = env._env_id  # pylint: disable=protected-access
+  agent, sequence_length = built.agent, built.sequence_length
+  env_id = env.env_id
   env.close()
   print(f'{env_id}, observation {env.observation_spec().shape} uint8, '
         f'items of {sequence_length} steps')

@@ -17,7 +17,7 @@ def pieces():
   run_state = checkpoints.RunState()
   agent = agents.make_agent(time_step_spec, action_spec, train_utils.create_train_step(),
                             run_state.env_steps, fc_layer_params=(16,),
-                            epsilon_greedy=0.2)
+                            epsilon_greedy=0.2).agent
   table = replay.StepReplay(agent.collect_data_spec, 2).make_table(1000)
   server = replay.start_server([table], checkpoint_dir=None)
   client = server.localhost_client()
@@ -46,7 +46,7 @@ def test_train_and_policy_functions_trace_once(pieces):
 
 def test_epsilon_follows_its_variables_without_a_retrace(pieces):
   agent, collector, _, _, _, run_state = pieces
-  schedule = agent.epsilon_schedule
+  schedule = agent.collect_policy.epsilon_schedule
   schedule.assign(end=0.05, start=1.0, decay_steps=100)
   run_state.env_steps.assign(50)
   assert abs(float(schedule()) - 0.525) < 1e-6
@@ -66,7 +66,7 @@ def test_compiled_policy_acts_as_the_tf_policy_on_whole_time_steps(num_envs):
   agent = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
                             tensor_spec.from_spec(env.action_spec()),
                             train_utils.create_train_step(), checkpoints.RunState().env_steps,
-                            fc_layer_params=(16,))
+                            fc_layer_params=(16,)).agent
   compiled = collect.CompiledPolicy(agent.policy, env)
   rng = np.random.default_rng(0)
   time_step = env.reset()
@@ -102,7 +102,7 @@ def test_grouped_items_rebuild_each_envs_consecutive_steps():
   action_spec = tensor_spec.from_spec(env.action_spec())
   run_state = checkpoints.RunState()
   agent = agents.make_agent(time_step_spec, action_spec, train_utils.create_train_step(),
-                            run_state.env_steps, fc_layer_params=(8,))
+                            run_state.env_steps, fc_layer_params=(8,)).agent
   server = replay.start_server(
       [replay.StepReplay(agent.collect_data_spec, 2, num_envs=4).make_table(400)], checkpoint_dir=None)
   try:

@@ -19,7 +19,7 @@ def prioritized(tmp_path_factory):
   train_step = train_utils.create_train_step()
   agent = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
                             tensor_spec.from_spec(env.action_spec()), train_step,
-                            run_state.env_steps, fc_layer_params=(16,))
+                            run_state.env_steps, fc_layer_params=(16,)).agent
   settings = learn.PrioritizedReplay(beta_steps=1000)
   table = replay.StepReplay(agent.collect_data_spec, 2).make_table(
       1000, priority_exponent=settings.priority_exponent)

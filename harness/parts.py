@@ -1,0 +1,96 @@
+"""The parts every job of a run is built from: envs, the agent, the replay layout.
+
+One set of parts for both layouts (one process, or replay / collect / learn /
+eval jobs): a job builds what it needs from a `RunConfig` with these functions
+and never wires components by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Optional, Union
+
+import numpy as np
+import tensorflow as tf
+from tf_agents.environments import py_environment
+from tf_agents.specs import tensor_spec
+from tf_agents.train.utils import train_utils
+
+from harness import agents
+from harness import checkpoints
+from harness import envs
+from harness import frame_replay
+from harness import learn
+from harness import replay
+from harness.errors import UsageError
+from harness.settings import RunConfig
+
+ReplayLayout = Union[replay.StepReplay, frame_replay.FrameReplay]
+
+
+@dataclasses.dataclass
+class AgentParts:
+  """The agent and the counters a run checkpoints with it."""
+  built: agents.BuiltAgent
+  train_step: tf.Variable
+  run_state: checkpoints.RunState
+
+  @property
+  def agent(self):
+    """The tf-agents DdqnAgent."""
+    return self.built.agent
+
+  @property
+  def sequence_length(self) -> int:
+    return self.built.sequence_length
+
+
+def seed_everything(seed: int) -> None:
+  random.seed(seed)
+  np.random.seed(seed)
+  tf.random.set_seed(seed)
+
+
+def make_collect_env(cfg: RunConfig, seed: int) -> py_environment.PyEnvironment:
+  """`num_envs` envs as one batch (or one env); fails early on a bad env id."""
+  if cfg.num_envs > 1:
+    return envs.make_batched_env(cfg.num_envs, seed)
+  return envs.make_env(seed=seed)
+
+
+def build_agent(cfg: RunConfig, env: py_environment.PyEnvironment) -> AgentParts:
+  """The gin-configured DdqnAgent for `env`'s specs, with fresh counters."""
+  train_step = train_utils.create_train_step()
+  run_state = checkpoints.RunState()
+  built = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
+                            tensor_spec.from_spec(env.action_spec()),
+                            train_step, run_state.env_steps)
+  if cfg.num_envs > 1 and built.sequence_length != 2:
+    raise UsageError(f'train_eval.num_envs={cfg.num_envs} needs make_agent.n_step_update=1 '
+                     '(grouped replay items run across episode ends); use num_envs=1 for '
+                     'n-step targets')
+  # Checks the frame_replay bindings now (before ROOT is touched) and puts them
+  # into the operative config, which RunDirectory reads next.
+  frame_replay.frame_replay(built.agent.collect_data_spec, built.sequence_length)
+  return AgentParts(built, train_step, run_state)
+
+
+def replay_layout(cfg: RunConfig, parts: AgentParts) -> ReplayLayout:
+  """How transitions are stored: whole steps (grouped per env batch), or each
+  image frame once (`frame_replay.enabled`, Atari)."""
+  frames = frame_replay.frame_replay(parts.agent.collect_data_spec, parts.sequence_length)
+  if frames:
+    return frames
+  return replay.StepReplay(parts.agent.collect_data_spec, parts.sequence_length, cfg.num_envs)
+
+
+def prioritized_settings(cfg: RunConfig) -> Optional[learn.PrioritizedReplay]:
+  return learn.PrioritizedReplay() if cfg.prioritized_replay else None
+
+
+def make_replay_table(cfg: RunConfig, layout: ReplayLayout, rate_limiter=None):
+  per = prioritized_settings(cfg)
+  return layout.make_table(cfg.replay_capacity,
+                           priority_exponent=per.priority_exponent if per else None,
+                           rate_limiter=rate_limiter)

@@ -1,0 +1,186 @@
+"""What a run reports: metrics rows, evaluations, exported policies, the final results.
+
+`Reporter` owns `metrics.csv`, `eval.csv`, TensorBoard, the progress line, the
+policy exports and `results.json`; every training job (one process, or the
+learner of a distributed run) reports through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Optional
+
+from absl import logging
+import numpy as np
+from tf_agents.drivers import py_driver
+from tf_agents.environments import py_environment
+from tf_agents.policies import epsilon_greedy_policy
+from tf_agents.policies import py_epsilon_greedy_policy
+from tf_agents.policies import py_tf_eager_policy
+
+from harness import checkpoints
+from harness import collect
+from harness import envs
+from harness import learn
+from harness import memory
+from harness import metrics
+from harness import results
+from harness.parts import AgentParts
+from harness.settings import RunConfig
+
+
+@dataclasses.dataclass
+class Evaluation:
+  """Greedy-policy evaluation on an env of its own."""
+  env: py_environment.PyEnvironment
+  policy: object
+  episodes: int
+
+  def run(self) -> metrics.EpisodeStats:
+    stats = metrics.EpisodeStats(num_envs=1, window=self.episodes)
+    driver = py_driver.PyDriver(self.env, self.policy, [stats], max_episodes=self.episodes)
+    driver.run(self.env.reset())
+    return stats
+
+
+class Reporter:
+  """metrics.csv, eval.csv, TensorBoard, the progress line and policy exports."""
+
+  def __init__(self, cfg: RunConfig, parts: AgentParts, restored_step: Optional[int]):
+    """`restored_step`: the step this launch resumed from; None for a job that
+    only appends (the eval job), which leaves existing rows alone."""
+    root = cfg.root_dir
+    self._cfg = cfg
+    self._parts = parts
+    self.metrics_csv = metrics.CsvLog(os.path.join(root, 'metrics.csv'),
+                                      metrics.METRICS_COLUMNS)
+    self.eval_csv = metrics.CsvLog(os.path.join(root, 'eval.csv'), metrics.EVAL_COLUMNS)
+    # Rows written after the checkpoint we resume from would be written again.
+    for log in (self.metrics_csv, self.eval_csv) if restored_step is not None else ():
+      dropped = log.keep_rows_up_to(restored_step)
+      if dropped:
+        logging.info('Dropped %d rows after train_step %d from %s', dropped, restored_step,
+                     log.path)
+    self._train_summaries = metrics.SummaryWriter(checkpoints.train_dir(root))
+    self._eval_summaries = metrics.SummaryWriter(os.path.join(root, 'eval'))
+    self.exporter = checkpoints.PolicyExporter(root, parts.agent)
+    eval_env = envs.make_env(seed=cfg.seed + 10_000)
+    self._evaluation = Evaluation(eval_env, self._eval_policy(eval_env), cfg.eval_episodes)
+    self._last = None
+    self._start = None
+
+  def _eval_policy(self, env: py_environment.PyEnvironment) -> collect.CompiledPolicy:
+    """The greedy policy (epsilon-greedy with `eval_epsilon`), compiled for `env`."""
+    policy = self._parts.agent.policy
+    if self._cfg.eval_epsilon > 0:
+      policy = epsilon_greedy_policy.EpsilonGreedyPolicy(policy, self._cfg.eval_epsilon)
+    return collect.CompiledPolicy(policy, env)
+
+  def log(self, row: dict) -> None:
+    """Appends a metrics row (steps_per_sec filled in) and prints the progress line."""
+    now, env_steps = row['wall_time'], row['env_steps']
+    if self._last is None:
+      self._last = self._start = (now, env_steps)
+    row['steps_per_sec'] = (env_steps - self._last[1]) / max(now - self._last[0], 1e-9)
+    self._last = (now, env_steps)
+    self.metrics_csv.append(row)
+    self._train_summaries.scalars(row['train_step'], {
+        k: row.get(k) for k in ('loss', 'epsilon', 'learning_rate', 'replay_size',
+                                'avg_return', 'rss_mb', 'steps_per_sec', 'per_beta',
+                                'mean_priority')})
+    rate = (env_steps - self._start[1]) / max(now - self._start[0], 1e-9)
+    eta = (self._cfg.num_env_steps - env_steps) / rate if rate > 0 else None
+    logging.info('%s', metrics.format_progress(row, self._cfg.num_env_steps, eta))
+
+  def train_step(self) -> int:
+    return int(self._parts.train_step.numpy())
+
+  def start_clock(self, env_steps: int) -> None:
+    """Rates count from here (after start-up and the initial collect)."""
+    self._last = self._start = (time.time(), env_steps)
+
+  def evaluate(self, env_steps: int) -> None:
+    """Runs the greedy policy; exports it as best_policy when it beats the best."""
+    train_step = int(self._parts.train_step.numpy())
+    result = self._evaluation.run()
+    mean, std = metrics.mean_std(result.recent_returns)
+    length = float(np.mean(result.recent_lengths))
+    self.eval_csv.append({'train_step': train_step, 'env_steps': env_steps,
+                          'wall_time': time.time(), 'avg_return': mean, 'std_return': std,
+                          'avg_episode_length': length, 'episodes': result.episodes})
+    self._eval_summaries.scalars(train_step, {'eval/avg_return': mean,
+                                              'eval/avg_episode_length': length})
+    logging.info('eval at env_steps %d: return %.1f +- %.1f over %d episodes', env_steps,
+                 mean, std, result.episodes)
+    best = self._parts.run_state.best_eval_return
+    if mean > float(best.numpy()):
+      best.assign(mean)
+      self.exporter.save_best()
+
+  def write_results(self, env_steps: int, episodes: int, wall_seconds: float) -> None:
+    """Evaluates the final greedy policy and best_policy; writes ROOT/results.json.
+
+    Both play `final_eval_episodes` episodes from the same seeded starts, with
+    the evaluation epsilon of the run. Skipped when results.json already
+    describes this train step (a resumed run that was already at its target).
+    """
+    train_step = int(self._parts.train_step.numpy())
+    previous = results.read_results(self._cfg.root_dir)
+    if previous is not None and previous['train_step'] == train_step:
+      return
+    episodes_each = self._cfg.final_eval_episodes
+    seed = self._cfg.seed + 20_000
+    final = self._final_evaluation(self._eval_policy, seed).run()
+    final_mean, final_std = metrics.mean_std(final.recent_returns)
+    best_mean, best_std = final_mean, final_std
+    best_dir = self.exporter.path('best_policy')
+    if os.path.isfile(os.path.join(best_dir, 'saved_model.pb')):
+      best = self._final_evaluation(self._saved_policy(best_dir), seed).run()
+      best_mean, best_std = metrics.mean_std(best.recent_returns)
+    path = results.write_results(self._cfg.root_dir, {
+        'final_return': final_mean, 'final_return_std': final_std,
+        'best_policy_return': best_mean, 'best_policy_return_std': best_std,
+        'best_eval_return': float(self._parts.run_state.best_eval_return.numpy()),
+        'env_steps': env_steps, 'train_step': train_step, 'wall_seconds': wall_seconds,
+        'episodes': episodes, 'final_eval_episodes': episodes_each,
+        'eval_epsilon': self._cfg.eval_epsilon, 'num_env_steps': self._cfg.num_env_steps})
+    logging.info('final policy: return %.1f +- %.1f over %d episodes; best_policy: %.1f +- %.1f '
+                 '(%s)', final_mean, final_std, episodes_each, best_mean, best_std, path)
+
+  def _final_evaluation(self, policy, seed: int) -> 'Evaluation':
+    env = envs.make_env(seed=seed)
+    if callable(policy):
+      policy = policy(env)
+    return Evaluation(env, policy, self._cfg.final_eval_episodes)
+
+  def _saved_policy(self, policy_dir: str):
+    """An exported policy as a py policy, epsilon-greedy like the evaluations."""
+    policy = py_tf_eager_policy.SavedModelPyTFEagerPolicy(
+        policy_dir, load_specs_from_pbtxt=True, use_tf_function=True)
+    if self._cfg.eval_epsilon > 0:
+      policy = py_epsilon_greedy_policy.EpsilonGreedyPolicy(policy, self._cfg.eval_epsilon)
+    return policy
+
+  def close(self) -> None:
+    self._train_summaries.close()
+    self._eval_summaries.close()
+
+
+def metrics_row(parts: AgentParts, env_steps: int, loss: float, replay_size: int,
+                avg_return: float, trainer: learn.Trainer,
+                policy_traces: Optional[int]) -> dict:
+  """One metrics.csv row; epsilon and learning rate come from the live variables."""
+  priorities = trainer.priorities
+  # Free heap pages go back to the OS first, so rss_mb is what the run holds.
+  memory.release_free_memory()
+  return {'train_step': int(parts.train_step.numpy()), 'env_steps': env_steps,
+          'wall_time': time.time(), 'loss': loss,
+          'epsilon': float(parts.built.epsilon().numpy()),
+          'learning_rate': float(parts.built.learning_rate.numpy()),
+          'replay_size': replay_size, 'avg_return': avg_return, 'rss_mb': memory.rss_mb(),
+          'train_traces': trainer.trace_count(), 'policy_traces': policy_traces,
+          'per_beta': float(priorities.beta.numpy()) if priorities else None,
+          'mean_priority': (float(priorities.mean_sampled_priority.numpy())
+                            if priorities else None)}

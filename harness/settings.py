@@ -1,0 +1,82 @@
+"""`RunConfig`: the settings of a run, as bound to `train_eval`, and their checks.
+
+This is the one home of the checks on `train_eval.*` values: `harness-train`
+runs them on the bound values before anything is built, and every job runs
+them again on the `RunConfig` it was given. Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from harness.errors import UsageError
+
+JOBS = ('all', 'replay', 'collect', 'learn', 'eval')
+
+# Settings that must be positive integers.
+_POSITIVE = ('num_env_steps', 'replay_capacity', 'batch_size', 'num_envs',
+             'collect_steps_per_iteration', 'train_steps_per_iteration', 'eval_interval',
+             'eval_episodes', 'checkpoint_interval', 'log_interval', 'final_eval_episodes')
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+  """The settings of a run (`experiment.train_eval` documents them and holds
+  their defaults). Built by keyword; `validate()` raises a one-line `UsageError`.
+  """
+  root_dir: Optional[str]
+  num_env_steps: int
+  replay_capacity: int
+  batch_size: int
+  initial_collect_steps: int
+  num_envs: int
+  collect_steps_per_iteration: int
+  train_steps_per_iteration: int
+  eval_interval: int
+  eval_episodes: int
+  eval_epsilon: float
+  final_eval_episodes: int
+  checkpoint_interval: int
+  log_interval: int
+  seed: int
+  prioritized_replay: bool
+  job: str
+  replay_address: Optional[str]
+  collector_id: int
+
+  @property
+  def replay_ratio(self) -> float:
+    """Gradient steps per env step."""
+    return self.train_steps_per_iteration / self.collect_steps_per_iteration
+
+  def validate(self) -> 'RunConfig':
+    """Raises `UsageError` for the first bad value; returns self."""
+    for name in _POSITIVE:
+      value = getattr(self, name)
+      if not _is_int(value) or value <= 0:
+        raise UsageError(f'train_eval.{name}={value!r} must be a positive integer, e.g. '
+                         f'--gin_bindings="train_eval.{name}=1000"')
+    if not _is_int(self.initial_collect_steps) or self.initial_collect_steps < 0:
+      raise UsageError(f'train_eval.initial_collect_steps={self.initial_collect_steps!r} must '
+                       'be an integer >= 0')
+    if not _is_int(self.seed):
+      raise UsageError(f'train_eval.seed={self.seed!r} must be an integer')
+    if self.batch_size % self.num_envs:
+      raise UsageError(f'train_eval.batch_size={self.batch_size} must be a multiple of '
+                       f'train_eval.num_envs={self.num_envs}: a replay item holds one step of '
+                       'each env')
+    if self.job not in JOBS:
+      raise UsageError(f'--job={self.job} is unknown: use one of {", ".join(JOBS)}')
+    if (not isinstance(self.eval_epsilon, (int, float)) or isinstance(self.eval_epsilon, bool)
+        or not 0.0 <= self.eval_epsilon <= 1.0):
+      raise UsageError(f'train_eval.eval_epsilon={self.eval_epsilon!r} is outside [0, 1], '
+                       'e.g. train_eval.eval_epsilon=0.05 (0 = greedy)')
+    if not isinstance(self.prioritized_replay, bool):
+      raise UsageError(f'train_eval.prioritized_replay={self.prioritized_replay!r} must be '
+                       'True or False')
+    return self

@@ -1,0 +1,81 @@
+"""The single-process job (`--job=all`): collection, replay, training and evaluation here."""
+
+from __future__ import annotations
+
+from harness import checkpoints
+from harness import collect
+from harness import learn
+from harness import loop
+from harness import metrics
+from harness import parts as parts_lib
+from harness import replay
+from harness import reporting
+from harness.run_dir import RunDirectory
+from harness.settings import RunConfig
+
+
+def run_single_process(cfg: RunConfig) -> None:
+  """Collects with an embedded Reverb server and trains until the target."""
+  # Environments and agent first: an unknown id or a continuous action space
+  # fails here, before anything is written to root_dir.
+  collect_env = parts_lib.make_collect_env(cfg, cfg.seed)
+  parts = parts_lib.build_agent(cfg, collect_env)
+  run_dir = RunDirectory(cfg.root_dir, parts)
+  run_state, train_step = parts.run_state, parts.train_step
+  clock = checkpoints.WallClock(run_state)
+  stats = metrics.EpisodeStats(num_envs=cfg.num_envs)
+  run_state.load_stats(stats)
+
+  layout = parts_lib.replay_layout(cfg, parts)
+  table = parts_lib.make_replay_table(cfg, layout)
+  pair_warning = (checkpoints.check_replay_pair(run_state, replay.replay_dir(cfg.root_dir))
+                  if run_dir.checkpointer.restored else None)
+  server = replay.start_server([table], replay.replay_dir(cfg.root_dir))
+  address = f'localhost:{server.port}'
+  client = server.localhost_client()
+  replay_observer = layout.make_observer(client, cfg.num_envs)
+  collector = collect.Collector(collect_env, parts.agent.collect_policy,
+                                [replay_observer, stats], cfg.collect_steps_per_iteration)
+  per = parts_lib.prioritized_settings(cfg)
+  priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, train_step,
+                                             run_state.max_priority, layout.rows_per_item)
+  trainer = learn.Trainer(parts.agent, layout.make_dataset(address, cfg.batch_size),
+                          cfg.train_steps_per_iteration, priorities)
+  run_dir.write_launch_files(pair_warning)
+  reporter = reporting.Reporter(cfg, parts, run_dir.restored_step)
+  last_loss = [float('nan')]
+
+  def iteration() -> int:
+    if priorities:  # new items enter with the highest priority given so far
+      replay_observer.update_priority(float(run_state.max_priority.numpy()))
+    collector.run()
+    run_state.set_env_steps(stats.env_steps)
+    # Gradient steps follow the env steps actually collected after the initial
+    # collect (a batched driver step can overshoot), so train_step stays at
+    # replay_ratio * (env_steps - initial_collect_steps).
+    due = (stats.env_steps - cfg.initial_collect_steps) * cfg.replay_ratio
+    while int(train_step.numpy()) + trainer.steps_per_call / 2 <= due:
+      last_loss[0] = trainer()
+    return stats.env_steps
+
+  def metrics_row(env_steps: int) -> dict:
+    return reporting.metrics_row(parts, env_steps, last_loss[0],
+                                 replay.table_size(client) * layout.rows_per_item,
+                                 stats.average_return(), trainer, collector.trace_count())
+
+  def save_checkpoint() -> None:
+    replay_observer.flush()
+    run_state.save_stats(stats)
+    clock.record()
+    checkpoints.save_pair(client, run_dir.checkpointer, run_state, train_step)
+    reporter.exporter.save_current()
+
+  # Initial random collect: the first `initial_collect_steps` env steps of a run.
+  collector.collect_random(min(cfg.initial_collect_steps, cfg.num_env_steps) - stats.env_steps)
+  run_state.set_env_steps(stats.env_steps)
+  hooks = loop.JobHooks(iteration=iteration, metrics_row=metrics_row,
+                        save_checkpoint=save_checkpoint, episodes=lambda: stats.episodes)
+  loop.train_to_target(cfg, reporter, clock, hooks, stats.env_steps)
+  replay_observer.close()
+  reporter.close()
+  server.stop()

@@ -1,0 +1,150 @@
+"""The fast tier: pure functions tested in-process, in milliseconds.
+
+Binding checks, the resume comparison, rate-limiter maths, the interval
+triggers and results.json. The real-parts suite (subprocesses, Reverb, envs)
+lives in the other files.
+"""
+
+import dataclasses
+import json
+
+import gin
+import pytest
+
+from harness import agents
+from harness import distributed
+from harness import errors
+from harness import experiment
+from harness import results
+from harness import resume
+from harness import triggers
+from harness.errors import UsageError
+from harness.settings import RunConfig
+
+
+def _config(**overrides) -> RunConfig:
+  """train_eval's defaults (no gin bindings) with `overrides`."""
+  gin.clear_config()
+  return dataclasses.replace(experiment.settings_from_gin(root_dir='/tmp/unused'), **overrides)
+
+
+# --- triggers -------------------------------------------------------------------
+
+@pytest.mark.parametrize('before,after,interval,expected', [
+    (0, 999, 1000, False), (999, 1000, 1000, True), (1000, 1999, 1000, False),
+    (990, 2010, 1000, True), (1000, 1000, 1000, False)])
+def test_crossed(before, after, interval, expected):
+  assert triggers.crossed(before, after, interval) is expected
+
+
+def test_iterate_fires_triggers_on_boundaries_and_at_the_end():
+  steps = iter([16, 32, 48, 64, 70])
+  fired = []
+  trigger = triggers.IntervalTrigger(30, fired.append)
+  end = triggers.iterate(lambda: next(steps), 0, 70, [trigger])
+  assert end == 70
+  assert fired == [32, 64, 70]  # 30 crossed at 32, 60 at 64, and the end
+
+
+def test_iterate_stops_between_iterations_when_asked():
+  calls = []
+
+  def iteration():
+    calls.append(1)
+    return len(calls) * 10
+
+  end = triggers.iterate(iteration, 0, 1000, [], should_stop=lambda: len(calls) >= 3)
+  assert end == 30 and len(calls) == 3
+
+
+# --- settings checks ------------------------------------------------------------
+
+def test_default_settings_are_valid():
+  assert _config().validate().replay_ratio == 1.0
+
+
+@pytest.mark.parametrize('name,value,words', [
+    ('num_env_steps', 0, 'must be a positive integer'),
+    ('batch_size', 'big', 'must be a positive integer'),
+    ('eval_epsilon', 1.5, 'outside [0, 1]'),
+    ('initial_collect_steps', -1, '>= 0'),
+    ('final_eval_episodes', 0, 'must be a positive integer'),
+])
+def test_bad_run_settings_name_the_binding(name, value, words):
+  with pytest.raises(UsageError) as raised:
+    _config(**{name: value}).validate()
+  assert f'train_eval.{name}=' in str(raised.value) and words in str(raised.value)
+
+
+def test_batch_must_split_over_envs():
+  with pytest.raises(UsageError, match='multiple of train_eval.num_envs'):
+    _config(num_envs=3, batch_size=64).validate()
+
+
+@pytest.mark.parametrize('kwargs,words', [
+    ({'epsilon_greedy': 1.5}, 'make_agent.epsilon_greedy=1.5 is outside [0, 1]'),
+    ({'learning_rate': -1e-3}, 'make_agent.learning_rate=-0.001 must be a positive'),
+    ({'n_step_update': 0}, 'make_agent.n_step_update=0'),
+    ({'td_errors_loss_fn': 'l1'}, "td_errors_loss_fn='l1' is unknown"),
+])
+def test_bad_agent_settings_name_the_binding(kwargs, words):
+  with pytest.raises(UsageError) as raised:
+    agents.check_settings(**kwargs)
+  assert words in str(raised.value)
+
+
+# --- binding names --------------------------------------------------------------
+
+def test_typo_in_a_binding_suggests_the_harness_name():
+  assert errors.suggest_binding('train_eval.num_env_step')[0] == 'train_eval.num_env_steps'
+  assert 'make_agent.epsilon_greedy' in errors.suggest_binding('train_eval.epsilon_greedy')
+
+
+def test_gin_error_becomes_one_line():
+  gin.clear_config()
+  with pytest.raises(ValueError) as raised:
+    gin.parse_config_files_and_bindings([], ['train_eval.num_env_step=5'])
+  error = errors.gin_usage_error(raised.value, ['train_eval.num_env_step=5'])
+  assert '\n' not in str(error)
+  assert "unknown gin binding 'train_eval.num_env_step'" in str(error)
+  assert "did you mean 'train_eval.num_env_steps'" in str(error)
+
+
+# --- resume comparison ----------------------------------------------------------
+
+def test_resume_comparison_applies_and_refuses():
+  before = ("make_agent.learning_rate = 0.001\nmake_agent.fc_layer_params = (32,)\n"
+            "train_eval.root_dir = '/a'\n")
+  after = ("make_agent.learning_rate = 0.0001\nmake_agent.fc_layer_params = (64,)\n"
+           "train_eval.root_dir = '/b'\n")
+  changes = {c.binding: c for c in resume.compare(before, after)}
+  assert set(changes) == {'make_agent.learning_rate', 'make_agent.fc_layer_params'}
+  assert changes['make_agent.learning_rate'].refused_because is None
+  assert 'Q-network shapes' in changes['make_agent.fc_layer_params'].refused_because
+
+
+# --- rate limiter ---------------------------------------------------------------
+
+@pytest.mark.parametrize('rows_per_item', [1, 4])
+def test_rate_limiter_holds_the_replay_ratio_whatever_the_grouping(rows_per_item):
+  samples_per_insert, min_items, error_buffer = distributed.rate_limiter_settings(
+      batch_size=64, replay_ratio=0.5, initial_collect_steps=1000,
+      rows_per_item=rows_per_item, tolerance_inserts=500)
+  # Inserting k items brings k * rows_per_item env steps; training them at the
+  # ratio takes k * rows_per_item * 0.5 gradient steps of 64 / rows_per_item items.
+  items_sampled_per_item = rows_per_item * 0.5 * 64 / rows_per_item
+  assert samples_per_insert == pytest.approx(items_sampled_per_item)
+  assert min_items == 1000 // rows_per_item
+  assert error_buffer == pytest.approx(500 * samples_per_insert)
+
+
+# --- results.json ---------------------------------------------------------------
+
+def test_results_round_trip_and_torn_file(tmp_path):
+  values = {key: 1.0 for key in results.KEYS}
+  results.write_results(str(tmp_path), values)
+  assert results.read_results(str(tmp_path)) == values
+  (tmp_path / results.RESULTS_FILE).write_text('{"final_return": ')
+  assert results.read_results(str(tmp_path)) is None
+  (tmp_path / results.RESULTS_FILE).write_text(json.dumps({'final_return': 1.0}))
+  assert results.read_results(str(tmp_path)) is None  # incomplete
