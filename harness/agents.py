@@ -83,11 +83,13 @@ class BuiltAgent:
     optimizer: its Adam optimizer; `optimizer.learning_rate` is the live variable.
     epsilon: the collect epsilon schedule (variables, read inside the policy graph).
     n_step_update: n of the n-step TD target.
+    gamma: the discount factor.
   """
   agent: dqn_agent.DdqnAgent
   optimizer: tf.keras.optimizers.Optimizer
   epsilon: 'EpsilonSchedule'
   n_step_update: int
+  gamma: float
 
   @property
   def sequence_length(self) -> int:
@@ -198,4 +200,4 @@ def make_agent(time_step_spec: ts.TimeStep,
   # policy both carry the schedule's variables.
   agent.collect_policy.epsilon_schedule = epsilon
   return BuiltAgent(agent=agent, optimizer=optimizer, epsilon=epsilon,
-                    n_step_update=n_step_update)
+                    n_step_update=n_step_update, gamma=gamma)

@@ -284,7 +284,8 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
                                                run_state.max_priority, layout.rows_per_item)
     # A new dataset after a reconnect means one more trace of the train function.
     state['trainer'] = learn.Trainer(parts.agent, layout.make_dataset(address, cfg.batch_size),
-                                     cfg.train_steps_per_iteration, priorities)
+                                     cfg.train_steps_per_iteration, priorities,
+                                     gamma=parts.built.gamma)
 
   def push(_: int = 0) -> None:
     _retrying(settings, address,

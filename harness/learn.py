@@ -18,6 +18,8 @@ import reverb
 import tensorflow as tf
 from tf_agents.agents.dqn import dqn_agent
 
+from harness import nstep
+
 
 @gin.configurable
 @dataclasses.dataclass
@@ -87,10 +89,15 @@ class Trainer:
   """
 
   def __init__(self, agent: dqn_agent.DqnAgent, dataset: tf.data.Dataset,
-               steps_per_call: int, priorities: Optional[PriorityUpdater] = None):
+               steps_per_call: int, priorities: Optional[PriorityUpdater] = None,
+               gamma: Optional[float] = None):
+    """`gamma`: the agent's discount, for the n-step targets that stop at an
+    episode's end (`harness.nstep`); None trains on the sampled trajectories as
+    tf-agents converts them."""
     if steps_per_call < 1:
       raise ValueError(f'steps_per_call must be >= 1, got {steps_per_call}')
     self._agent = agent
+    self._gamma = gamma
     self._iterator = iter(dataset)
     self._steps_per_call = steps_per_call
     self.priorities = priorities
@@ -104,6 +111,8 @@ class Trainer:
 
   def _train_step(self) -> tf.Tensor:
     experience, info = next(self._iterator)
+    if self._gamma is not None:
+      experience = nstep.n_step_transition(experience, self._gamma)
     if self.priorities is None:
       return self._agent.train(experience).loss
     # Reverb's SampleInfo has one entry per item (not per step): [items].

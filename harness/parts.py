@@ -23,7 +23,6 @@ from harness import envs
 from harness import frame_replay
 from harness import learn
 from harness import replay
-from harness.errors import UsageError
 from harness.settings import RunConfig
 
 ReplayLayout = Union[replay.StepReplay, frame_replay.FrameReplay]
@@ -66,10 +65,6 @@ def build_agent(cfg: RunConfig, env: py_environment.PyEnvironment) -> AgentParts
   built = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
                             tensor_spec.from_spec(env.action_spec()),
                             train_step, run_state.env_steps)
-  if cfg.num_envs > 1 and built.sequence_length != 2:
-    raise UsageError(f'train_eval.num_envs={cfg.num_envs} needs make_agent.n_step_update=1 '
-                     '(grouped replay items run across episode ends); use num_envs=1 for '
-                     'n-step targets')
   # Checks the frame_replay bindings now (before ROOT is touched) and puts them
   # into the operative config, which RunDirectory reads next.
   frame_replay.frame_replay(built.agent.collect_data_spec, built.sequence_length)

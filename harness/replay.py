@@ -8,7 +8,6 @@ from typing import List, Optional
 from absl import logging
 import reverb
 import tensorflow as tf
-from tf_agents.replay_buffers import reverb_utils
 from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import trajectory as trajectory_lib
 import tree
@@ -65,16 +64,21 @@ def table_size(client: reverb.Client) -> int:
   return int(client.server_info()[TABLE].current_size)
 
 
-class GroupedTrajectoryObserver:
-  """Writes each batched env step as one Reverb step; items span all envs.
+class StepObserver:
+  """Writes each (possibly batched) env step once; an item is the last
+  `sequence_length` steps, created at every step.
 
-  tf-agents' `ReverbAddTrajectoryObserver` takes unbatched trajectories only.
-  One observer per env would work, but then a batch of 64 costs 64 sampled
-  items, and per-item sampling overhead caps training near 1,000 batches/s on
-  two cores. Here an item is the last `sequence_length` steps of all envs at
-  once, so a batch of 64 from 8 envs costs 8 items. Items run across episode
-  boundaries; with `sequence_length` 2 the DQN loss masks the boundary step, so
-  `num_envs` > 1 requires `n_step_update=1` (checked by the caller).
+  Items run across episode ends on purpose: every step starts one, so the last
+  steps of an episode are trained on too (tf-agents' `ReverbAddTrajectoryObserver`
+  closes the episode at its end, and with n-step targets its last n - 1 steps
+  never start an item). The n-step targets stop at the episode's end
+  (`harness.nstep`), and an item that starts on the LAST -> FIRST boundary is
+  masked by the loss.
+
+  A batch of envs is written as one Reverb step: an item holds those steps for
+  every env at once, so a batch of 64 from 8 envs costs 8 sampled items (per-item
+  sampling overhead capped training near 1,000 batches/s on two cores with one
+  item per transition).
   """
 
   def __init__(self, client: reverb.Client, sequence_length: int):
@@ -102,30 +106,18 @@ class GroupedTrajectoryObserver:
     self._writer.close()
 
 
-class TrajectoryObserver(reverb_utils.ReverbAddTrajectoryObserver):
-  """tf-agents' observer for one env, whose item priority can change.
-
-  Prioritized replay inserts new items with the highest priority so far, which
-  moves during training; the tf-agents class fixes it at construction.
-  """
-
-  def update_priority(self, priority: float) -> None:
-    self._priority = priority
-
-
-def make_observer(client: reverb.Client, sequence_length: int, num_envs: int):
-  """tf-agents' observer for one env; our grouped one for a batch of envs."""
-  if num_envs == 1:
-    return TrajectoryObserver(client, TABLE, sequence_length=sequence_length, stride_length=1)
-  return GroupedTrajectoryObserver(client, sequence_length)
+def make_observer(client: reverb.Client, sequence_length: int, num_envs: int) -> StepObserver:
+  """The observer of whole steps, for one env or a batch of `num_envs`."""
+  del num_envs  # the same writer serves both: the batch is part of each step
+  return StepObserver(client, sequence_length)
 
 
 class StepReplay:
   """Replay of whole steps: table, observer and dataset that fit together.
 
-  One env: an item is `sequence_length` consecutive steps (tf-agents' observer).
-  A batch of envs: an item holds those steps for every env at once
-  (`GroupedTrajectoryObserver`), and the dataset splits it into rows again.
+  One env: an item is `sequence_length` consecutive steps. A batch of envs: an
+  item holds those steps for every env at once, and the dataset splits it into
+  rows again (`StepObserver` writes both).
   """
 
   def __init__(self, collect_data_spec, sequence_length: int, num_envs: int = 1):

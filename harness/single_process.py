@@ -40,7 +40,8 @@ def run_single_process(cfg: RunConfig) -> None:
   priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, train_step,
                                              run_state.max_priority, layout.rows_per_item)
   trainer = learn.Trainer(parts.agent, layout.make_dataset(address, cfg.batch_size),
-                          cfg.train_steps_per_iteration, priorities)
+                          cfg.train_steps_per_iteration, priorities,
+                          gamma=parts.built.gamma)
   run_dir.write_launch_files(pair_warning)
   reporter = reporting.Reporter(cfg, parts, run_dir.restored_step)
   last_loss = [float('nan')]
