@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import gin
 import tensorflow as tf
@@ -15,18 +15,20 @@ from tf_agents.utils import common
 from harness.errors import UsageError
 
 
-class EpsilonSchedule(tf.Module):
-  """Collect epsilon held in variables: linear decay from `start` to `end`.
+class LinearSchedule(tf.Module):
+  """A setting held in variables: linear decay from `start` to `end` over env steps.
 
-  The collect policy calls this object inside its traced graph, so assigning new
+  Used for the collect epsilon (the collect policy calls it inside its traced
+  graph) and the learning rate (the compiled train step calls it). Assigning new
   values (a resume with new bindings) takes effect without a retrace; a Python
   float would be frozen into the graph. The decay runs over env steps, read from
-  `env_steps` (the run's env-step counter variable).
+  `env_steps` (the run's env-step counter variable); `decay_steps` 0 means a
+  constant `end`.
   """
 
   def __init__(self, env_steps: tf.Variable, end: float, start: float,
-               decay_steps: int):
-    super().__init__(name='epsilon_schedule')
+               decay_steps: int, name: str):
+    super().__init__(name=name)
     self.env_steps = env_steps
     self.start = tf.Variable(start, dtype=tf.float32, name='start')
     self.end = tf.Variable(end, dtype=tf.float32, name='end')
@@ -37,10 +39,10 @@ class EpsilonSchedule(tf.Module):
     self.end.assign(end)
     self.decay_steps.assign(decay_steps)
 
-  def settings(self) -> dict:
-    return {'epsilon_greedy': float(self.end.numpy()),
-            'epsilon_start': float(self.start.numpy()),
-            'epsilon_decay_steps': int(self.decay_steps.numpy())}
+  def values(self) -> Tuple[float, float, int]:
+    """(end, start, decay_steps) as Python numbers."""
+    return (float(self.end.numpy()), float(self.start.numpy()),
+            int(self.decay_steps.numpy()))
 
   def __call__(self) -> tf.Tensor:
     steps = tf.cast(tf.maximum(self.decay_steps, 1), tf.float32)
@@ -49,8 +51,30 @@ class EpsilonSchedule(tf.Module):
     return tf.where(self.decay_steps > 0, decayed, self.end)
 
 
+class DuelingHead(tf.keras.layers.Layer):
+  """Q = V + A - mean(A): a value stream and an advantage stream (Wang et al., 2016).
+
+  The value of a state is learned from every action taken in it, which steadies
+  the Q-values of actions that are rarely taken.
+  """
+
+  def __init__(self, num_actions: int, **kwargs):
+    super().__init__(**kwargs)
+    self._value = tf.keras.layers.Dense(1, kernel_initializer=_small_uniform())
+    self._advantage = tf.keras.layers.Dense(num_actions, kernel_initializer=_small_uniform())
+
+  def call(self, inputs: tf.Tensor) -> tf.Tensor:
+    advantage = self._advantage(inputs)
+    return self._value(inputs) + advantage - tf.reduce_mean(advantage, axis=-1, keepdims=True)
+
+
+def _small_uniform() -> tf.keras.initializers.Initializer:
+  return tf.keras.initializers.RandomUniform(-0.03, 0.03)
+
+
 def _q_network(observation_spec, action_spec, fc_layer_params: Sequence[int],
-               conv_layer_params: Optional[Sequence[Tuple[int, int, int]]]):
+               conv_layer_params: Optional[Sequence[Tuple[int, int, int]]],
+               dueling: bool = False):
   """An MLP (or Nature-style CNN + MLP) that outputs one Q-value per action."""
   num_actions = int(action_spec.maximum - action_spec.minimum + 1)
   layers = []
@@ -63,10 +87,12 @@ def _q_network(observation_spec, action_spec, fc_layer_params: Sequence[int],
     layers.append(tf.keras.layers.Flatten())
   for units in fc_layer_params:
     layers.append(tf.keras.layers.Dense(units, activation='relu'))
-  layers.append(tf.keras.layers.Dense(
-      num_actions,
-      kernel_initializer=tf.keras.initializers.RandomUniform(-0.03, 0.03),
-      bias_initializer=tf.keras.initializers.Constant(-0.2)))
+  if dueling:
+    layers.append(DuelingHead(num_actions))
+  else:
+    layers.append(tf.keras.layers.Dense(
+        num_actions, kernel_initializer=_small_uniform(),
+        bias_initializer=tf.keras.initializers.Constant(-0.2)))
   return sequential.Sequential(layers, input_spec=observation_spec, name='QNetwork')
 
 
@@ -82,12 +108,15 @@ class BuiltAgent:
     agent: the tf-agents DdqnAgent.
     optimizer: its Adam optimizer; `optimizer.learning_rate` is the live variable.
     epsilon: the collect epsilon schedule (variables, read inside the policy graph).
+    learning_rate_schedule: the learning rate over env steps; the compiled
+      train step copies it into the optimizer before each gradient step.
     n_step_update: n of the n-step TD target.
     gamma: the discount factor.
   """
   agent: dqn_agent.DdqnAgent
   optimizer: tf.keras.optimizers.Optimizer
-  epsilon: 'EpsilonSchedule'
+  epsilon: LinearSchedule
+  learning_rate_schedule: LinearSchedule
   n_step_update: int
   gamma: float
 
@@ -98,8 +127,40 @@ class BuiltAgent:
 
   @property
   def learning_rate(self) -> tf.Variable:
-    """The optimizer's live learning-rate variable (restored by checkpoints)."""
+    """The optimizer's live learning-rate variable: the value the last step used."""
     return self.optimizer.learning_rate
+
+  def schedules(self) -> Dict[str, LinearSchedule]:
+    """The settings held in variables, which a resume sets back to this launch's
+    values (`SCHEDULE_BINDINGS` names their bindings)."""
+    return {'epsilon': self.epsilon, 'learning_rate': self.learning_rate_schedule}
+
+  def update_learning_rate(self) -> None:
+    """Copies the scheduled learning rate into the optimizer (in graph or eagerly)."""
+    self.optimizer.learning_rate.assign(self.learning_rate_schedule())
+
+
+# The make_agent bindings behind each schedule's (end, start, decay_steps).
+SCHEDULE_BINDINGS = {
+    'epsilon': ('epsilon_greedy', 'epsilon_start', 'epsilon_decay_steps'),
+    'learning_rate': ('learning_rate_final', 'learning_rate', 'learning_rate_decay_steps'),
+}
+
+
+def schedule_changes(name: str, before: Tuple[float, float, int],
+                     after: Tuple[float, float, int]) -> List[Tuple[str, object, object]]:
+  """(binding, before, after) for each value of schedule `name` that differs.
+
+  A constant learning rate is held as end == start; its `learning_rate_final`
+  (unset) is not reported as a change of its own.
+  """
+  changes = []
+  for binding, old, new in zip(SCHEDULE_BINDINGS[name], before, after):
+    unset_final = (binding == 'learning_rate_final' and before[0] == before[1]
+                   and after[0] == after[1])
+    if old != new and not unset_final:
+      changes.append((f'make_agent.{binding}', old, new))
+  return changes
 
 
 def _is_number(value) -> bool:
@@ -108,6 +169,8 @@ def _is_number(value) -> bool:
 
 def check_settings(epsilon_greedy: float = 0.1, epsilon_start: float = 1.0,
                    epsilon_decay_steps: int = 0, learning_rate: float = 1e-3,
+                   learning_rate_final: Optional[float] = None,
+                   learning_rate_decay_steps: int = 0,
                    n_step_update: int = 1, td_errors_loss_fn: str = 'huber') -> None:
   """The one home of the checks on `make_agent` values; raises `UsageError`.
 
@@ -121,6 +184,13 @@ def check_settings(epsilon_greedy: float = 0.1, epsilon_start: float = 1.0,
   if not _is_number(learning_rate) or learning_rate <= 0:
     raise UsageError(f'make_agent.learning_rate={learning_rate!r} must be a positive number, '
                      'e.g. 1e-3')
+  if learning_rate_final is not None and (not _is_number(learning_rate_final)
+                                          or learning_rate_final < 0):
+    raise UsageError(f'make_agent.learning_rate_final={learning_rate_final!r} must be a '
+                     'number >= 0, or None for a constant learning rate')
+  if not isinstance(learning_rate_decay_steps, int) or learning_rate_decay_steps < 0:
+    raise UsageError(f'make_agent.learning_rate_decay_steps={learning_rate_decay_steps!r} '
+                     'must be an integer >= 0 (0 means a constant learning rate)')
   if not isinstance(n_step_update, int) or n_step_update < 1:
     raise UsageError(f'make_agent.n_step_update={n_step_update!r} must be an integer >= 1')
   if not isinstance(epsilon_decay_steps, int) or epsilon_decay_steps < 0:
@@ -139,9 +209,12 @@ def make_agent(time_step_spec: ts.TimeStep,
                fc_layer_params: Sequence[int] = (100,),
                conv_layer_params: Optional[Sequence[Tuple[int, int, int]]] = None,
                learning_rate: float = 1e-3,
+               learning_rate_final: Optional[float] = None,
+               learning_rate_decay_steps: int = 0,
                adam_epsilon: float = 1e-7,
                gamma: float = 0.99,
                n_step_update: int = 1,
+               dueling: bool = False,
                target_update_tau: float = 1.0,
                target_update_period: int = 100,
                gradient_clipping: Optional[float] = None,
@@ -159,8 +232,13 @@ def make_agent(time_step_spec: ts.TimeStep,
     fc_layer_params: hidden layer sizes of the MLP (after the conv stack).
     conv_layer_params: (filters, kernel, stride) per conv layer, or None.
     learning_rate, adam_epsilon: Adam settings.
+    learning_rate_final, learning_rate_decay_steps: the learning rate decays
+      linearly from `learning_rate` to `learning_rate_final` over that many env
+      steps (None or 0: constant).
     gamma: discount factor.
-    n_step_update: n of the n-step TD target (replay stores n+1 steps).
+    n_step_update: n of the n-step TD target (replay stores n+1 steps); the
+      return stops at an episode's end (harness.nstep).
+    dueling: a dueling head (value + advantage streams) instead of one layer.
     target_update_tau, target_update_period: soft/hard target network update.
     gradient_clipping: global-norm clip of the gradients, or None.
     td_errors_loss_fn: 'huber' (default) or 'mse'.
@@ -171,11 +249,17 @@ def make_agent(time_step_spec: ts.TimeStep,
   """
   check_settings(epsilon_greedy=epsilon_greedy, epsilon_start=epsilon_start,
                  epsilon_decay_steps=epsilon_decay_steps, learning_rate=learning_rate,
+                 learning_rate_final=learning_rate_final,
+                 learning_rate_decay_steps=learning_rate_decay_steps,
                  n_step_update=n_step_update, td_errors_loss_fn=td_errors_loss_fn)
 
   q_net = _q_network(time_step_spec.observation, action_spec, fc_layer_params,
-                     conv_layer_params)
-  epsilon = EpsilonSchedule(env_steps, epsilon_greedy, epsilon_start, epsilon_decay_steps)
+                     conv_layer_params, dueling)
+  epsilon = LinearSchedule(env_steps, epsilon_greedy, epsilon_start, epsilon_decay_steps,
+                           name='epsilon_schedule')
+  learning_rate_schedule = LinearSchedule(
+      env_steps, learning_rate if learning_rate_final is None else learning_rate_final,
+      learning_rate, learning_rate_decay_steps, name='learning_rate_schedule')
   optimizer = tf.keras.optimizers.Adam(learning_rate=learning_rate, epsilon=adam_epsilon)
   agent = dqn_agent.DdqnAgent(
       time_step_spec,
@@ -200,4 +284,5 @@ def make_agent(time_step_spec: ts.TimeStep,
   # policy both carry the schedule's variables.
   agent.collect_policy.epsilon_schedule = epsilon
   return BuiltAgent(agent=agent, optimizer=optimizer, epsilon=epsilon,
+                    learning_rate_schedule=learning_rate_schedule,
                     n_step_update=n_step_update, gamma=gamma)

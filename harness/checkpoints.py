@@ -142,14 +142,14 @@ class ResumableCheckpointer:
                max_to_keep: int = 3):
     self._built = built
     # This launch's settings, read before the restore can overwrite them.
-    self._wanted_epsilon = built.epsilon.settings()
-    self._wanted_learning_rate = float(built.learning_rate.numpy())
+    self._wanted = {name: schedule.values() for name, schedule in built.schedules().items()}
     directory = train_dir(root_dir)
     _skip_damaged_checkpoints(directory)
     try:
       self._checkpointer = common.Checkpointer(
           ckpt_dir=directory, max_to_keep=max_to_keep, agent=built.agent,
-          train_step=built.agent.train_step_counter, run_state=run_state)
+          train_step=built.agent.train_step_counter, run_state=run_state,
+          learning_rate_schedule=built.learning_rate_schedule)
     except ValueError as e:
       raise UsageError(
           f'the checkpoint in {directory} does not fit this agent ({str(e).splitlines()[0]}): '
@@ -161,27 +161,20 @@ class ResumableCheckpointer:
     return self._checkpointer.checkpoint_exists
 
   def initialize_or_restore(self) -> List[Reapplied]:
-    """Finishes the restore, then re-applies this launch's epsilon and optimizer settings."""
+    """Finishes the restore, then re-applies this launch's epsilon and learning-rate settings."""
     self._checkpointer.initialize_or_restore()
     if not self.restored:
       return []
     changes = []
-    schedule = self._built.epsilon
-    restored = schedule.settings()
-    schedule.assign(end=self._wanted_epsilon['epsilon_greedy'],
-                    start=self._wanted_epsilon['epsilon_start'],
-                    decay_steps=self._wanted_epsilon['epsilon_decay_steps'])
-    for name, wanted in self._wanted_epsilon.items():
-      if restored[name] != wanted:
-        changes.append(Reapplied(f'make_agent.{name}', restored[name], wanted))
-    # Keras Adam keeps learning_rate in a variable that the restore brought back;
-    # beta_1/beta_2/epsilon/clipnorm are plain attributes and are not restored.
-    learning_rate = self._built.learning_rate
-    restored_lr = float(learning_rate.numpy())
-    learning_rate.assign(self._wanted_learning_rate)
-    if restored_lr != self._wanted_learning_rate:
-      changes.append(Reapplied('make_agent.learning_rate', restored_lr,
-                               self._wanted_learning_rate))
+    for name, schedule in self._built.schedules().items():
+      restored = schedule.values()
+      schedule.assign(*self._wanted[name])
+      changes += [Reapplied(binding, before, after) for binding, before, after in
+                  agents.schedule_changes(name, restored, self._wanted[name])]
+    # Keras Adam keeps its learning rate in a variable that the restore brought
+    # back; it follows the schedule from now on (beta_1/beta_2/epsilon/clipnorm
+    # are plain attributes and are not restored).
+    self._built.update_learning_rate()
     for change in changes:
       logging.info('Resume re-applied %s', change.line())
     return changes

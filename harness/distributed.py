@@ -283,9 +283,8 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
     priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, train_step,
                                                run_state.max_priority, layout.rows_per_item)
     # A new dataset after a reconnect means one more trace of the train function.
-    state['trainer'] = learn.Trainer(parts.agent, layout.make_dataset(address, cfg.batch_size),
-                                     cfg.train_steps_per_iteration, priorities,
-                                     gamma=parts.built.gamma)
+    state['trainer'] = learn.Trainer(parts.built, layout.make_dataset(address, cfg.batch_size),
+                                     cfg.train_steps_per_iteration, priorities)
 
   def push(_: int = 0) -> None:
     _retrying(settings, address,

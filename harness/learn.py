@@ -16,8 +16,8 @@ from typing import Optional
 import gin
 import reverb
 import tensorflow as tf
-from tf_agents.agents.dqn import dqn_agent
 
+from harness import agents
 from harness import nstep
 
 
@@ -83,21 +83,20 @@ class PriorityUpdater(tf.Module):
 class Trainer:
   """Calls `agent.train` `steps_per_call` times per call, inside one tf.function.
 
+  Each step trains on n-step transitions (`harness.nstep`) with the learning
+  rate of the schedule at the current env step.
+
   Takes no arguments, so nothing from Python can cause a retrace; the trace
   count is exposed for the logs and the tests. With a `PriorityUpdater` each
   step is weighted by importance weights and updates the sampled priorities.
   """
 
-  def __init__(self, agent: dqn_agent.DqnAgent, dataset: tf.data.Dataset,
-               steps_per_call: int, priorities: Optional[PriorityUpdater] = None,
-               gamma: Optional[float] = None):
-    """`gamma`: the agent's discount, for the n-step targets that stop at an
-    episode's end (`harness.nstep`); None trains on the sampled trajectories as
-    tf-agents converts them."""
+  def __init__(self, built: agents.BuiltAgent, dataset: tf.data.Dataset,
+               steps_per_call: int, priorities: Optional[PriorityUpdater] = None):
     if steps_per_call < 1:
       raise ValueError(f'steps_per_call must be >= 1, got {steps_per_call}')
-    self._agent = agent
-    self._gamma = gamma
+    self._built = built
+    self._agent = built.agent
     self._iterator = iter(dataset)
     self._steps_per_call = steps_per_call
     self.priorities = priorities
@@ -111,8 +110,10 @@ class Trainer:
 
   def _train_step(self) -> tf.Tensor:
     experience, info = next(self._iterator)
-    if self._gamma is not None:
-      experience = nstep.n_step_transition(experience, self._gamma)
+    # n-step targets that stop at an episode's end (tf-agents' own conversion
+    # runs on into the next episode after a time limit; see harness.nstep).
+    experience = nstep.n_step_transition(experience, self._built.gamma)
+    self._built.update_learning_rate()
     if self.priorities is None:
       return self._agent.train(experience).loss
     # Reverb's SampleInfo has one entry per item (not per step): [items].

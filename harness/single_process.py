@@ -39,9 +39,8 @@ def run_single_process(cfg: RunConfig) -> None:
   per = parts_lib.prioritized_settings(cfg)
   priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, train_step,
                                              run_state.max_priority, layout.rows_per_item)
-  trainer = learn.Trainer(parts.agent, layout.make_dataset(address, cfg.batch_size),
-                          cfg.train_steps_per_iteration, priorities,
-                          gamma=parts.built.gamma)
+  trainer = learn.Trainer(parts.built, layout.make_dataset(address, cfg.batch_size),
+                          cfg.train_steps_per_iteration, priorities)
   run_dir.write_launch_files(pair_warning)
   reporter = reporting.Reporter(cfg, parts, run_dir.restored_step)
   last_loss = [float('nan')]

@@ -15,9 +15,10 @@ def pieces():
   time_step_spec = tensor_spec.from_spec(env.time_step_spec())
   action_spec = tensor_spec.from_spec(env.action_spec())
   run_state = checkpoints.RunState()
-  agent = agents.make_agent(time_step_spec, action_spec, train_utils.create_train_step(),
+  built = agents.make_agent(time_step_spec, action_spec, train_utils.create_train_step(),
                             run_state.env_steps, fc_layer_params=(16,),
-                            epsilon_greedy=0.2).agent
+                            epsilon_greedy=0.2)
+  agent = built.agent
   table = replay.StepReplay(agent.collect_data_spec, 2).make_table(1000)
   server = replay.start_server([table], checkpoint_dir=None)
   client = server.localhost_client()
@@ -27,13 +28,13 @@ def pieces():
   collector.collect_random(100)
   observer.flush()
   dataset = replay.make_dataset(agent.collect_data_spec, f'localhost:{server.port}', 2, 8)
-  yield agent, collector, dataset, client, stats, run_state
+  yield built, collector, dataset, client, stats, run_state
   server.stop()
 
 
 def test_train_and_policy_functions_trace_once(pieces):
-  agent, collector, dataset, _, _, _ = pieces
-  trainer = learn.Trainer(agent, dataset, steps_per_call=3)
+  built, collector, dataset, _, _, _ = pieces
+  trainer = learn.Trainer(built, dataset, steps_per_call=3)
   losses = []
   for _ in range(20):
     collector.run()
@@ -41,12 +42,12 @@ def test_train_and_policy_functions_trace_once(pieces):
   assert np.all(np.isfinite(losses))
   assert trainer.trace_count() == 1
   assert collector.trace_count() == 1
-  assert int(agent.train_step_counter.numpy()) >= 60
+  assert int(built.agent.train_step_counter.numpy()) >= 60
 
 
 def test_epsilon_follows_its_variables_without_a_retrace(pieces):
-  agent, collector, _, _, _, run_state = pieces
-  schedule = agent.collect_policy.epsilon_schedule
+  built, collector, _, _, _, run_state = pieces
+  schedule = built.epsilon
   schedule.assign(end=0.05, start=1.0, decay_steps=100)
   run_state.env_steps.assign(50)
   assert abs(float(schedule()) - 0.525) < 1e-6

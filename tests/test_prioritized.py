@@ -17,9 +17,10 @@ def prioritized(tmp_path_factory):
   env = envs.make_env('CartPole-v1', seed=0)
   run_state = checkpoints.RunState()
   train_step = train_utils.create_train_step()
-  agent = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
+  built = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
                             tensor_spec.from_spec(env.action_spec()), train_step,
-                            run_state.env_steps, fc_layer_params=(16,)).agent
+                            run_state.env_steps, fc_layer_params=(16,))
+  agent = built.agent
   settings = learn.PrioritizedReplay(beta_steps=1000)
   table = replay.StepReplay(agent.collect_data_spec, 2).make_table(
       1000, priority_exponent=settings.priority_exponent)
@@ -33,7 +34,7 @@ def prioritized(tmp_path_factory):
   dataset = replay.make_dataset(agent.collect_data_spec, address, 2, 32)
   updater = learn.PriorityUpdater(settings, address, replay.TABLE, train_step,
                                   run_state.max_priority, rows_per_item=1)
-  trainer = learn.Trainer(agent, dataset, 5, updater)
+  trainer = learn.Trainer(built, dataset, 5, updater)
   yield trainer, updater, dataset, train_step
   server.stop()
 
