@@ -3,7 +3,7 @@
 import os
 import subprocess
 import sys
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARTPOLE_GIN = os.path.join(REPO, 'gin', 'ddqn_cartpole.gin')
@@ -26,11 +26,13 @@ TINY_BINDINGS = [
 ]
 
 
-def harness_train(root_dir: str, bindings: Sequence[str] = (),
+def harness_train(root_dir: Optional[str], bindings: Sequence[str] = (),
                   gin_files: Sequence[str] = (CARTPOLE_GIN,), extra_flags: Sequence[str] = (),
                   env=None, timeout: float = 300) -> subprocess.CompletedProcess:
-  """Runs `python -m harness.train` and returns the finished process."""
-  cmd: List[str] = [sys.executable, '-m', 'harness.train', f'--root_dir={root_dir}']
+  """Runs `python -m harness.train` and returns the finished process (no
+  --root_dir when `root_dir` is None, e.g. with --check_only)."""
+  cmd: List[str] = [sys.executable, '-m', 'harness.train']
+  cmd += [f'--root_dir={root_dir}'] if root_dir is not None else []
   cmd += [f'--gin_file={f}' for f in gin_files]
   cmd += [f'--gin_bindings={b}' for b in bindings]
   cmd += list(extra_flags)

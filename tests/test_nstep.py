@@ -115,6 +115,9 @@ class _Log:
     self.steps = [[] for _ in range(num_envs)]
 
   def __call__(self, traj):
+    if len(self.steps) == 1 and np.ndim(traj.step_type) == 0:  # one unbatched env
+      self.steps[0].append(tf.nest.map_structure(np.asarray, traj))
+      return
     for i in range(len(self.steps)):
       self.steps[i].append(tf.nest.map_structure(lambda x, i=i: np.asarray(x)[i], traj))
 
@@ -131,12 +134,16 @@ def _expected(steps, k, n):
   return ret, discount, steps[k + m].observation
 
 
-@pytest.mark.parametrize('n', [3])
-def test_batched_collection_gives_the_hand_computed_n_step_targets(n):
-  num_envs = 2
-  env = batched_py_environment.BatchedPyEnvironment(
-      [envs.make_env('NStepCorridor-v0', seed=i) for i in range(num_envs)],
-      multithreading=False)
+@pytest.mark.parametrize('num_envs', [1, 2])
+def test_collection_gives_the_hand_computed_n_step_targets(num_envs):
+  """One env and a batch of envs: the same targets, row by row."""
+  n = 3
+  if num_envs == 1:
+    env = envs.make_env('NStepCorridor-v0', seed=0)
+  else:
+    env = batched_py_environment.BatchedPyEnvironment(
+        [envs.make_env('NStepCorridor-v0', seed=i) for i in range(num_envs)],
+        multithreading=False)
   run_state = checkpoints.RunState()
   built = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
                             tensor_spec.from_spec(env.action_spec()),
@@ -151,7 +158,8 @@ def test_batched_collection_gives_the_hand_computed_n_step_targets(n):
     collect.Collector(env, built.agent.collect_policy, [observer, log], 4).collect_random(300)
     observer.flush()
     dataset = layout.make_dataset(f'localhost:{server.port}', batch_size=32)
-    where = {(e, float(s.observation[1])): (e, k)
+    ids = [int(log.steps[e][0].observation[0]) for e in range(num_envs)]  # each env's id
+    where = {(ids[e], float(s.observation[1])): (e, k)
              for e in range(num_envs) for k, s in enumerate(log.steps[e])}
     checked = {'mid': 0, 'terminated': 0, 'truncated': 0}
     for experience, _ in dataset.take(20):
