@@ -2,9 +2,13 @@
 
 import os
 
+import numpy as np
 import tensorflow as tf
+from tf_agents.specs import tensor_spec
+from tf_agents.train.utils import train_utils
+from tf_agents.trajectories import time_step as ts
 
-from harness import checkpoints, metrics
+from harness import agents, checkpoints, envs, metrics
 
 
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path):
@@ -35,3 +39,32 @@ def test_csv_keeps_rows_up_to_the_checkpoint_and_drops_a_torn_row(tmp_path):
   assert log.keep_rows_up_to(200) == 0
   log.append({'train_step': 300, 'loss': 0.25})
   assert [r['train_step'] for r in log.rows()] == ['100', '200', '300']
+
+
+def _policy_actions(policy, observations):
+  time_step = ts.restart(tf.constant(observations), batch_size=len(observations))
+  return policy.action(time_step).action.numpy()
+
+
+def test_later_exports_write_new_weights_under_the_first_graph(tmp_path):
+  """After the first whole SavedModel, exports write only variables: a loaded
+  export must act exactly as the live policy with the newest weights."""
+  env = envs.make_env('CartPole-v1', seed=0)
+  built = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
+                            tensor_spec.from_spec(env.action_spec()),
+                            train_utils.create_train_step(), checkpoints.RunState().env_steps,
+                            fc_layer_params=(16,))
+  policy = built.agent.policy
+  exporter = checkpoints.PolicyExporter(str(tmp_path), built.agent)
+  observations = np.random.default_rng(0).normal(0, 1, (500, 4)).astype(np.float32)
+  rng = np.random.default_rng(1)
+  for round_ in range(3):
+    for variable in policy.variables():  # new weights, as training would make
+      variable.assign(rng.normal(0, 0.5, variable.shape).astype(variable.dtype.as_numpy_dtype))
+    built.agent.train_step_counter.assign(round_ + 1)
+    exporter.save_current()
+    loaded = tf.saved_model.load(exporter.path('greedy_policy'))
+    np.testing.assert_array_equal(_policy_actions(loaded, observations),
+                                  _policy_actions(policy, observations))
+    assert int(loaded.get_train_step().numpy()) == round_ + 1
+  assert not os.path.exists(exporter.path('greedy_policy') + '.tmp')
