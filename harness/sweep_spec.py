@@ -89,7 +89,7 @@ def split_top_level(text: str, flag: str) -> List[str]:
   stay inside their item: `['a,b', (1, 2)]` has two items.
   """
   text = text.strip()
-  if not (text.startswith('[') and text.endswith(']')):
+  if not text.startswith('['):
     raise UsageError(f'--sweep {flag!r}: the values must be a bracketed list, e.g. '
                      "--sweep='make_agent.learning_rate=[1e-3, 3e-4]'")
   items, depth, start = [], 0, None
@@ -124,8 +124,8 @@ def split_top_level(text: str, flag: str) -> List[str]:
   except (tokenize.TokenError, IndentationError, SyntaxError) as e:
     raise UsageError(f'--sweep {flag!r}: cannot read the list ({e.args[0]}): an unclosed '
                      'bracket or quote?') from e
-  if depth != 0:
-    raise UsageError(f'--sweep {flag!r}: unclosed bracket')
+  if depth != 0 or start is None:
+    raise UsageError(f'--sweep {flag!r}: unclosed bracket; close the list with ]')
   items = [item.strip() for item in items]
   if items and items[-1] == '':  # A trailing comma: [a, b,]
     items.pop()

@@ -12,7 +12,10 @@ trial (early stopping, Ctrl-C), it calls `Trainable.cleanup()`, where the
 children get SIGTERM and are waited for; a function trainable's thread is just
 abandoned. Every child also gets SIGTERM from the kernel if the thread that
 started it dies (`PR_SET_PDEATHSIG`): Ray runs the tasks of a one-at-a-time
-actor on its main thread, which is the one that starts and waits on the children.
+actor on its main thread, which is the one that starts and waits on the
+children. Children run in a session of their own, so a Ctrl-C in the sweep's
+terminal reaches the driver (Tune stops the trials, which stop their children)
+and not every harness-train at once.
 
 This module imports no TensorFlow: the children do the training.
 """
@@ -49,12 +52,19 @@ STOP_GRACE_SECONDS = 120.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-  """preexec_fn: SIGTERM this child when the thread that started it ends (Linux)."""
-  try:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-  except (OSError, AttributeError):
-    pass  # Not Linux: children are still stopped by cleanup().
+def _die_with_parent_fn():
+  """A preexec_fn: SIGTERM the child when the thread that started it ends (Linux)."""
+  parent = os.getpid()
+
+  def preexec() -> None:
+    try:
+      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+      return  # Not Linux: children are still stopped by cleanup().
+    if os.getppid() != parent:  # The parent died before prctl took effect.
+      os._exit(143)  # pylint: disable=protected-access
+
+  return preexec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +142,8 @@ class Child:
     self._tail.clear()
     self._process = subprocess.Popen(  # pylint: disable=consider-using-with,subprocess-popen-preexec-fn
         self.spec.command(), stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent, cwd=os.path.dirname(self.spec.root_dir))
+        preexec_fn=_die_with_parent_fn(), start_new_session=True,
+        cwd=os.path.dirname(self.spec.root_dir))
     log.close()  # The child holds its own descriptor.
     self._started = time.time()
     self.launches += 1
