@@ -435,11 +435,15 @@ def make_asha(spec: Spec):
         self.stopped.add(trial.trial_id)
       return decision
 
-  max_t = bound_int(spec, 'train_eval.num_env_steps', _DEFAULT_NUM_ENV_STEPS)
+  target = bound_int(spec, 'train_eval.num_env_steps', _DEFAULT_NUM_ENV_STEPS)
   interval = bound_int(spec, 'train_eval.eval_interval', _DEFAULT_EVAL_INTERVAL)
-  grace = max(interval, int(max_t * ASHA_FIRST_RUNG))
-  return RecordingASHA(time_attr='env_steps', metric='objective', mode='max', max_t=max_t,
-                       grace_period=min(grace, max_t), reduction_factor=ASHA_REDUCTION)
+  grace = min(max(interval, int(target * ASHA_FIRST_RUNG)), max(target - 1, 1))
+  # max_t just below the target and stop_last_trials=False: ASHA's rungs all lie
+  # before the end, and a trial that reaches its last evaluation is not stopped
+  # while it writes results.json (ASHA's default stops a trial at max_t).
+  return RecordingASHA(time_attr='env_steps', metric='objective', mode='max',
+                       max_t=max(target - 1, grace), grace_period=grace,
+                       reduction_factor=ASHA_REDUCTION, stop_last_trials=False)
 
 
 def optuna_points(table: TrialTable) -> Tuple[List[Tuple[Dict[str, Any], Optional[float], bool]],
