@@ -25,6 +25,7 @@ common configuration with `harness-train --check_only` in a subprocess.
 from __future__ import annotations
 
 import logging as std_logging
+from logging import handlers as log_handlers
 import math
 import os
 import shutil
@@ -143,30 +144,37 @@ def check_same_spec(root: str, spec: Spec) -> bool:
   return True
 
 
-def check_with_harness_train(spec: Spec) -> None:
-  """`harness-train --check_only` on the common config and the swept names.
+def start_check(spec: Spec) -> subprocess.Popen:
+  """Starts `harness-train --check_only` on the common config and the swept names.
 
   Values of single points are not checked here: a bad one fails its own
-  trials, and the others go on.
+  trials, and the others go on. It runs while Ray starts (`finish_check`).
   """
   cmd = [sys.executable, '-m', 'harness.train', '--check_only']
   cmd += [f'--gin_file={p}' for p in spec.gin_files]
   cmd += [f'--gin_bindings={b}' for b in spec.bindings]
   cmd += [f'--check_names={s.name}' for s in spec.sweeps]
-  try:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+  return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           stdin=subprocess.DEVNULL)
+
+
+def finish_check(check: subprocess.Popen) -> None:
+  """Waits for the check; its error line becomes ours (exit 2)."""
+  try:
+    _, stderr = check.communicate(timeout=600)
   except subprocess.TimeoutExpired as e:
+    check.kill()
+    check.communicate()
     raise UsageError('harness-train --check_only did not finish in 600 s') from e
-  if done.returncode == 0:
+  if check.returncode == 0:
     return
-  lines = [l for l in done.stderr.splitlines() if l.strip()]
+  lines = [l for l in stderr.splitlines() if l.strip()]
   prefix = 'harness-train: error:'
   message = next((l[len(prefix):].strip() for l in reversed(lines) if l.startswith(prefix)),
-                 lines[-1] if lines else f'exit status {done.returncode}')
-  if done.returncode == UsageError.exit_code:
+                 lines[-1] if lines else f'exit status {check.returncode}')
+  if check.returncode == UsageError.exit_code:
     raise UsageError(message)
-  raise RuntimeError(f'harness-train --check_only failed (exit {done.returncode}): {message}')
+  raise RuntimeError(f'harness-train --check_only failed (exit {check.returncode}): {message}')
 
 
 def bound_int(spec: Spec, name: str, default: int) -> int:
@@ -383,10 +391,8 @@ def _quiet_ray_environment() -> None:
   os.environ.setdefault('TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S', '1000')
 
 
-def _ray_logs_to_file(path: str) -> None:
-  """Ray's and Optuna's Python log records go to SWEEP/logs/ray.log, not the terminal."""
-  handler = std_logging.FileHandler(path)
-  handler.setFormatter(std_logging.Formatter('%(asctime)s %(levelname)s %(name)s: %(message)s'))
+def _route_library_logs(handler: std_logging.Handler) -> None:
+  """Ray's and Optuna's Python log records go to `handler`, not to the terminal."""
   for name in ('ray', 'optuna'):
     logger = std_logging.getLogger(name)
     for old in list(logger.handlers):
@@ -395,11 +401,16 @@ def _ray_logs_to_file(path: str) -> None:
     logger.propagate = False
 
 
-def start_ray(root: str, cpus_needed: float) -> bool:
-  """Embedded Ray on localhost, or the cluster of --ray_address; True if we started it."""
+def _ray_log_file(root: str) -> std_logging.Handler:
+  """SWEEP/logs/ray.log, for Ray's and Optuna's log records."""
+  handler = std_logging.FileHandler(os.path.join(root, sweep_spec.LOGS_DIR, RAY_LOG))
+  handler.setFormatter(std_logging.Formatter('%(asctime)s %(levelname)s %(name)s: %(message)s'))
+  return handler
+
+
+def start_ray(cpus_needed: float) -> None:
+  """Embedded Ray on localhost, or a connection to the cluster of --ray_address."""
   import ray  # pylint: disable=g-import-not-at-top
-  log_path = os.path.join(root, sweep_spec.LOGS_DIR, RAY_LOG)
-  _ray_logs_to_file(log_path)
   common = dict(log_to_driver=False, configure_logging=False)
   if _RAY_ADDRESS.value:
     try:
@@ -407,14 +418,11 @@ def start_ray(root: str, cpus_needed: float) -> bool:
     except (ConnectionError, ValueError, RuntimeError) as e:
       raise UsageError(f'--ray_address={_RAY_ADDRESS.value}: cannot connect to a Ray cluster '
                        f'({errors.first_line(e)}); start one with `ray start --head`') from e
-    _ray_logs_to_file(log_path)
-    return False
+    return
   # Every Ray process listens on 127.0.0.1 only (checked with `ss -ltnp`), and
-  # there is no dashboard: a sweep on a laptop opens nothing to the network.
+  # there is no dashboard UI: a sweep on a laptop opens nothing to the network.
   ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)), include_dashboard=False,
            _node_ip_address='127.0.0.1', **common)
-  _ray_logs_to_file(log_path)
-  return True
 
 
 def make_asha(spec: Spec):
@@ -492,7 +500,7 @@ def run_tune(root: str, spec: Spec, table: TrialTable) -> None:
     param_space: Dict[str, Any] = {'run': tune.grid_search(runs)}
     per_trial = _CPUS_PER_TRIAL.value
     tune_config = tune.TuneConfig(max_concurrent_trials=_max_concurrent(per_trial),
-                                  trial_dirname_creator=lambda t: t.trial_id,
+                                  reuse_actors=True, trial_dirname_creator=lambda t: t.trial_id,
                                   trial_name_creator=lambda t: t.trial_id)
   else:
     import optuna  # pylint: disable=g-import-not-at-top
@@ -511,7 +519,7 @@ def run_tune(root: str, spec: Spec, table: TrialTable) -> None:
     tune_config = tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
                                   num_samples=(spec.num_trials or 0) - len(finished),
                                   max_concurrent_trials=_max_concurrent(per_trial),
-                                  trial_dirname_creator=lambda t: t.trial_id,
+                                  reuse_actors=True, trial_dirname_creator=lambda t: t.trial_id,
                                   trial_name_creator=lambda t: t.trial_id)
   trainable = tune.with_resources(
       tune.with_parameters(sweep_trial.HarnessTrial, sweep_dir=root, spec_json=spec.to_json()),
@@ -607,24 +615,35 @@ def main(argv: List[str]) -> None:
   if resuming and nothing_left(table):
     logging.info('Nothing left to run in %s: writing the summary', root)
     sys.exit(finish(root, table))
-  check_with_harness_train(spec)
-  # From here on SWEEP is written.
-  os.makedirs(os.path.join(root, sweep_spec.TRIALS_DIR), exist_ok=True)
-  os.makedirs(os.path.join(root, sweep_spec.LOGS_DIR), exist_ok=True)
-  if not resuming:
-    sweep_spec.write_spec(root, spec)
-  table.write()
-  remaining = len(table.remaining())
-  logging.info('Sweep %s: %d trials, %s to run%s', root, table.total,
-               remaining if spec.search == 'grid' else 'points of the search',
-               f' (max {_MAX_CONCURRENT.value} at once)' if _MAX_CONCURRENT.value else '')
+  check = start_check(spec)
   _quiet_ray_environment()
   import ray  # pylint: disable=g-import-not-at-top
+  # Ray's log records wait in memory until the input is known to be good.
+  held = log_handlers.MemoryHandler(capacity=100_000, flushLevel=std_logging.CRITICAL + 1)
+  _route_library_logs(held)
   per_trial = _CPUS_PER_TRIAL.value * (len(spec.seeds) if spec.search == 'optuna' else 1)
-  start_ray(root, per_trial * (_MAX_CONCURRENT.value or 1))
   try:
+    try:
+      start_ray(per_trial * (_MAX_CONCURRENT.value or 1))  # while the check runs
+    finally:
+      finish_check(check)  # Bad input: exit 2 before anything in SWEEP is written.
+    # From here on SWEEP is written.
+    os.makedirs(os.path.join(root, sweep_spec.TRIALS_DIR), exist_ok=True)
+    os.makedirs(os.path.join(root, sweep_spec.LOGS_DIR), exist_ok=True)
+    held.setTarget(_ray_log_file(root))
+    held.flush()
+    _route_library_logs(held.target)
+    if not resuming:
+      sweep_spec.write_spec(root, spec)
+    table.write()
+    logging.info('Sweep %s: %d trials, %s to run%s', root, table.total,
+                 len(table.remaining()) if spec.search == 'grid' else 'points of the search',
+                 f' (max {_MAX_CONCURRENT.value} at once)' if _MAX_CONCURRENT.value else '')
     run_tune(root, spec, table)
   finally:
+    if check.poll() is None:
+      check.kill()
+      check.wait()
     # Stops the Ray we started; on a cluster it only disconnects this driver.
     ray.shutdown()
     shutil.rmtree(os.path.join(root, TUNE_DIR), ignore_errors=True)

@@ -283,6 +283,12 @@ class HarnessTrial(tune.Trainable):
       if child.status in ('running', 'waiting'):
         child.stop()
 
+  def reset_config(self, new_config: Dict[str, Any]) -> bool:
+    """Tune reuses this actor for its next trial (no new Ray worker to start)."""
+    self.cleanup()
+    self.setup(new_config)  # tune.with_parameters' subclass adds sweep_dir and spec_json.
+    return True
+
   def save_checkpoint(self, checkpoint_dir: str) -> Dict[str, Any]:
     # Each child checkpoints its own run directory; Tune keeps nothing.
     return {}
