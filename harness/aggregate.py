@@ -50,6 +50,22 @@ def _quiet_rliable() -> Iterator[None]:
     logging.set_verbosity(verbosity)
 
 
+def iqm(scores: np.ndarray, axis: Optional[int] = None) -> np.ndarray:
+  """Interquartile mean: rliable's `metrics.aggregate_iqm` (scipy's 25% `trim_mean`).
+
+  Our own few lines because scipy's `trim_mean` spends ~4 ms per call in its
+  argument-checking wrapper (8 ms on a busy machine), and a bootstrap calls it
+  thousands of times: 16 s for one curve of 20 evaluations. Same cut: int(0.25 n)
+  values off each end. `tests/test_sweep.py` checks it against aggregate_iqm.
+  """
+  values = np.asarray(scores, np.float64)
+  if axis is None:
+    values, axis = values.ravel(), 0
+  values = np.sort(np.moveaxis(values, axis, 0), axis=0)
+  cut = int(0.25 * values.shape[0])
+  return values[cut:values.shape[0] - cut].mean(axis=0)
+
+
 def iqm_ci(scores: Sequence[float], reps: int = BOOTSTRAP_REPS,
            seed: int = 0) -> Tuple[float, float, float]:
   """(IQM, CI low, CI high) of one number per run; NaNs when there are none."""
@@ -57,10 +73,9 @@ def iqm_ci(scores: Sequence[float], reps: int = BOOTSTRAP_REPS,
   if values.size == 0:
     return (math.nan, math.nan, math.nan)
   from rliable import library as rly  # pylint: disable=g-import-not-at-top
-  from rliable import metrics  # pylint: disable=g-import-not-at-top
   with _quiet_rliable():
     point, interval = rly.get_interval_estimates(
-        {'x': values.reshape(-1, 1)}, lambda s: np.array([metrics.aggregate_iqm(s)]),
+        {'x': values.reshape(-1, 1)}, lambda s: np.array([iqm(s.ravel())]),
         reps=reps, confidence_interval_size=CONFIDENCE,
         random_state=np.random.RandomState(seed))
   return float(point['x'][0]), float(interval['x'][0, 0]), float(interval['x'][1, 0])
@@ -70,11 +85,10 @@ def iqm_curve(scores: np.ndarray, reps: int = BOOTSTRAP_REPS,
               seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
   """IQM and CI at each column of `scores` (runs x steps), in one bootstrap."""
   from rliable import library as rly  # pylint: disable=g-import-not-at-top
-  from rliable import metrics  # pylint: disable=g-import-not-at-top
   data = scores[:, None, :]  # runs x tasks (1) x steps
 
   def per_step(s: np.ndarray) -> np.ndarray:
-    return np.array([metrics.aggregate_iqm(s[..., i]) for i in range(s.shape[-1])])
+    return iqm(s.reshape(-1, s.shape[-1]), axis=0)
 
   with _quiet_rliable():
     point, interval = rly.get_interval_estimates(

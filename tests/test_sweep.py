@@ -254,6 +254,17 @@ def test_iqm_and_ci_on_known_numbers():
   assert all(math.isnan(v) for v in aggregate.iqm_ci([]))
 
 
+def test_our_iqm_is_rliables_aggregate_iqm():
+  from rliable import metrics
+  import numpy as np
+  rng = np.random.RandomState(0)
+  for runs in range(1, 12):
+    scores = rng.rand(runs, 6) * 500
+    assert np.allclose(aggregate.iqm(scores, axis=0),
+                       [metrics.aggregate_iqm(scores[:, i:i + 1]) for i in range(6)])
+    assert np.isclose(aggregate.iqm(scores[:, 0]), metrics.aggregate_iqm(scores[:, :1]))
+
+
 def test_summary_rows_use_done_trials_only():
   rows = [{'status': 'done', 'final_return': '100', 'best_policy_return': '200'},
           {'status': 'done', 'final_return': '300', 'best_policy_return': '400'},
