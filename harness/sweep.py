@@ -389,6 +389,9 @@ def _quiet_ray_environment() -> None:
   os.environ.setdefault('TUNE_DISABLE_AUTO_CALLBACK_LOGGERS', '1')  # Tune's json/csv/tb files
   os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
   os.environ.setdefault('TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S', '1000')
+  # Ray's processes wait 5 s for the GCS by default; on a machine at load
+  # average 50 ray.init timed out getting the cluster id and segfaulted.
+  os.environ.setdefault('RAY_gcs_rpc_server_connect_timeout_s', '60')
 
 
 def _route_library_logs(handler: std_logging.Handler) -> None:
