@@ -82,6 +82,7 @@ def main() -> None:
   root = args.root_dir or os.path.join(tempfile.mkdtemp(prefix='bench_sweep_'), 'sweep')
   if os.path.exists(root):
     shutil.rmtree(root)
+  os.makedirs(os.path.dirname(root), exist_ok=True)
   tag = uuid.uuid4().hex
   cmd = [os.path.join(os.path.dirname(sys.executable), 'harness-sweep'), f'--root_dir={root}',
          f'--gin_file={os.path.join(REPO, "gin", "ddqn_cartpole.gin")}',
