@@ -630,14 +630,15 @@ def main(argv: List[str]) -> None:
       start_ray(per_trial * (_MAX_CONCURRENT.value or 1))  # while the check runs
     finally:
       finish_check(check)  # Bad input: exit 2 before anything in SWEEP is written.
-    # From here on SWEEP is written.
+    # From here on SWEEP is written, sweep.json first (a directory without it is no sweep).
+    os.makedirs(root, exist_ok=True)
+    if not resuming:
+      sweep_spec.write_spec(root, spec)
     os.makedirs(os.path.join(root, sweep_spec.TRIALS_DIR), exist_ok=True)
     os.makedirs(os.path.join(root, sweep_spec.LOGS_DIR), exist_ok=True)
     held.setTarget(_ray_log_file(root))
     held.flush()
     _route_library_logs(held.target)
-    if not resuming:
-      sweep_spec.write_spec(root, spec)
     table.write()
     logging.info('Sweep %s: %d trials, %s to run%s', root, table.total,
                  len(table.remaining()) if spec.search == 'grid' else 'points of the search',
