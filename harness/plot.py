@@ -3,6 +3,10 @@
 Reads `ROOT/eval.csv` and `ROOT/metrics.csv` of each run and draws four panels
 against env steps: greedy eval return (mean +- std), collect return, loss and
 epsilon. One colour per run; the legend names the run directories.
+
+`harness-plot SWEEP --out FILE.png` (a directory with sweep.json) draws the
+sweep's summary instead: the IQM of eval return across seeds against env steps,
+with its 95% CI band, one curve per point (`aggregate.plot_sweep`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import matplotlib
 matplotlib.use('Agg')  # Files only: no display on servers and in tests.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from harness import aggregate  # pylint: disable=wrong-import-position
 from harness import errors  # pylint: disable=wrong-import-position
+from harness import sweep_spec  # pylint: disable=wrong-import-position
 from harness.errors import UsageError  # pylint: disable=wrong-import-position
 
 _OUT = flags.DEFINE_string('out', 'runs.png', 'PNG file to write.')
@@ -148,6 +154,11 @@ def main(argv: List[str]) -> None:
     raise UsageError('no run directories given: harness-plot ROOT [ROOT ...] --out FILE.png')
   if not _OUT.value.lower().endswith('.png'):
     raise UsageError(f'--out={_OUT.value} must end in .png')
+  if len(roots) == 1 and os.path.isfile(sweep_spec.spec_path(roots[0])):
+    curves = aggregate.plot_sweep(roots[0], _OUT.value, _TITLE.value or '')
+    logging.info('Wrote %s (sweep %s: %d curves)', _OUT.value, roots[0], curves)
+    print(_OUT.value)
+    return
   runs = load_runs(roots)
   plot_runs(runs, _OUT.value, _TITLE.value or '')
   logging.info('Wrote %s (%d runs)', _OUT.value, len(runs))

@@ -1,0 +1,126 @@
+"""The overhead of `harness-sweep` on this machine.
+
+Runs a 2 x 2 grid (two learning rates x two seeds) of 5,000-step CartPole runs
+(`gin/ddqn_cartpole.gin`) at `--max_concurrent=2` and compares:
+
+- the sweep's wall time (the command, start to exit: input check, Ray start,
+  scheduling, summaries) against
+- the sum of the trials' own wall times (each harness-train process, start to
+  exit, from trials.csv) / 2, what the four runs cost two at a time with no
+  sweep around them;
+
+and samples, every 0.25 s, the resident memory of the driver plus Ray's own
+processes (gcs_server, raylet, Ray workers, dashboard and log monitor
+processes...), that is every process the sweep started except the
+harness-train children. Targets: overhead <= 15 %, peak < 1 GB.
+
+    python scripts/bench_sweep.py [--root_dir=/tmp/bench_sweep] [--steps=5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Dict, List, Tuple
+
+import psutil
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from harness import aggregate  # pylint: disable=wrong-import-position
+
+TAG = 'HARNESS_SWEEP_BENCH'
+
+
+def tagged(tag: str) -> List[psutil.Process]:
+  procs = []
+  for proc in psutil.process_iter(['pid']):
+    try:
+      if proc.environ().get(TAG) == tag and proc.status() != psutil.STATUS_ZOMBIE:
+        procs.append(proc)
+    except (psutil.Error, OSError):
+      continue
+  return procs
+
+
+def is_child(proc: psutil.Process) -> bool:
+  """A harness-train process (a trial, or the driver's --check_only)."""
+  try:
+    return 'harness.train' in ' '.join(proc.cmdline())
+  except psutil.Error:
+    return True
+
+
+def sample(tag: str) -> Tuple[float, Dict[str, float]]:
+  """Total RSS (MiB) of the sweep's own processes, and RSS per process name."""
+  total, parts = 0.0, {}
+  for proc in tagged(tag):
+    if is_child(proc):
+      continue
+    try:
+      rss = proc.memory_info().rss / 2**20
+      name = proc.name()
+    except psutil.Error:
+      continue
+    total += rss
+    parts[f'{name}:{proc.pid}'] = rss
+  return total, parts
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--root_dir', default=None, help='sweep directory (default: temporary)')
+  parser.add_argument('--steps', type=int, default=5000)
+  args = parser.parse_args()
+  root = args.root_dir or os.path.join(tempfile.mkdtemp(prefix='bench_sweep_'), 'sweep')
+  if os.path.exists(root):
+    shutil.rmtree(root)
+  os.makedirs(os.path.dirname(root), exist_ok=True)
+  tag = uuid.uuid4().hex
+  cmd = [os.path.join(os.path.dirname(sys.executable), 'harness-sweep'), f'--root_dir={root}',
+         f'--gin_file={os.path.join(REPO, "gin", "ddqn_cartpole.gin")}',
+         f'--gin_bindings=train_eval.num_env_steps={args.steps}',
+         '--sweep=make_agent.learning_rate=[2.3e-3, 1e-3]', '--seeds=2', '--max_concurrent=2']
+  if not os.path.exists(cmd[0]):
+    cmd[0:1] = [sys.executable, '-m', 'harness.sweep']
+  env = dict(os.environ, **{TAG: tag})
+  print('$', ' '.join(cmd[1:]) if cmd[0].endswith('harness-sweep') else ' '.join(cmd),
+        flush=True)
+  print(f'load average before: {os.getloadavg()[0]:.2f}', flush=True)
+  peak, peak_parts = 0.0, {}
+  start = time.time()
+  with open(os.path.join(os.path.dirname(root), 'bench_sweep.log'), 'w') as log:
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    while proc.poll() is None:
+      total, parts = sample(tag)
+      if total > peak:
+        peak, peak_parts = total, parts
+      time.sleep(0.25)
+  wall = time.time() - start
+  if proc.returncode != 0:
+    sys.exit(f'harness-sweep exited {proc.returncode}: see {log.name}')
+  rows = aggregate.read_csv(os.path.join(root, aggregate.TRIALS_FILE))
+  own = [float(r['wall_seconds']) for r in rows]
+  ideal = sum(own) / 2
+  overhead = (wall - ideal) / ideal * 100
+  print(f'trials: {len(rows)}, their own wall times: {", ".join(f"{s:.1f}" for s in own)} s')
+  print(f'sweep wall time: {wall:.1f} s; sum of trial wall times / 2: {ideal:.1f} s; '
+        f'overhead: {overhead:+.1f} % (target <= 15 %)')
+  by_kind: Dict[str, float] = {}
+  for key, rss in peak_parts.items():
+    kind = key.split(':')[0]
+    by_kind[kind] = by_kind.get(kind, 0.0) + rss
+  print(f'peak RSS of the driver + Ray processes: {peak:.0f} MiB (target < 1 GB); at the peak: '
+        + ', '.join(f'{k} {v:.0f}' for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+  print(f'load average after: {os.getloadavg()[0]:.2f}; sweep: {root}')
+
+
+if __name__ == '__main__':
+  main()
