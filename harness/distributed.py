@@ -26,6 +26,7 @@ from tf_agents.experimental.distributed import reverb_variable_container
 
 from harness import checkpoints
 from harness import collect
+from harness import disk
 from harness import envs
 from harness import learn
 from harness import loop
@@ -220,7 +221,8 @@ def run_collector(cfg: RunConfig, settings: Distributed, address: str,
   collector = collect.Collector(env, parts.agent.collect_policy, [conn, stats],
                                 settings.pull_interval_steps)
   variables = shared_variables(parts)
-  os.makedirs(os.path.join(cfg.root_dir, 'collectors'), exist_ok=True)
+  with disk.writing(os.path.join(cfg.root_dir, 'collectors')):
+    os.makedirs(os.path.join(cfg.root_dir, 'collectors'), exist_ok=True)
   log = metrics.CsvLog(os.path.join(cfg.root_dir, 'collectors',
                                     f'collector-{collector_id}.csv'), COLLECTOR_COLUMNS)
   # Until the learner has pushed weights, act with epsilon_start (random).

@@ -23,6 +23,7 @@ from absl import logging
 import gin
 
 from harness import agents
+from harness import disk
 from harness import envs
 from harness import experiment
 from harness import memory
@@ -181,6 +182,9 @@ def _main_with_clean_errors(argv: List[str]) -> None:
     errors.report(_PROGRAM, e, _verbose())
     sys.exit(UsageError.exit_code)
   except shutdown.Stopped as e:
+    sys.exit(e.exit_code)
+  except disk.WriteError as e:
+    errors.report(_PROGRAM, e, _verbose())
     sys.exit(e.exit_code)
 
 
