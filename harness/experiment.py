@@ -8,6 +8,7 @@ running anything, so `harness-train` can check the bound values first.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Optional
 
@@ -15,9 +16,13 @@ import gin
 
 from harness import distributed
 from harness import parts
+from harness import run_lock
 from harness.errors import UsageError
 from harness.settings import RunConfig
 from harness.single_process import run_single_process
+
+# The jobs that write the run's checkpoints and logs, and so hold ROOT/.lock.
+WRITER_JOBS = ('all', 'learn')
 
 
 @gin.configurable
@@ -83,13 +88,15 @@ def train_eval(root_dir: str,
       replay_address=replay_address, collector_id=collector_id,
       shutdown_grace_seconds=shutdown_grace_seconds).validate()
   parts.seed_everything(seed)
-  if job == 'all':
-    if replay_address:
-      raise UsageError('--job=all runs its own replay server: drop --replay_address, or run '
-                       'the replay, collect and learn jobs separately')
-    run_single_process(cfg)
-  else:
-    distributed.run_job(cfg)
+  if job == 'all' and replay_address:
+    raise UsageError('--job=all runs its own replay server: drop --replay_address, or run '
+                     'the replay, collect and learn jobs separately')
+  # One writer per run directory: the jobs that train hold ROOT/.lock.
+  with (run_lock.hold(root_dir, job) if job in WRITER_JOBS else contextlib.nullcontext()):
+    if job == 'all':
+      run_single_process(cfg)
+    else:
+      distributed.run_job(cfg)
 
 
 def settings_from_gin(**launch) -> RunConfig:

@@ -7,6 +7,10 @@ adds the traceback and whatever libraries printed meanwhile.
 
 The log (absl, including the progress lines) goes to stdout, so that stderr
 carries problems only.
+
+Exit status: 0 done; 1 a failed write (full disk: one line, the last complete
+checkpoint stays) or a crash; 2 bad input, or ROOT held by another launch;
+143 / 130 stopped by SIGTERM / SIGINT (see `shutdown`).
 """
 
 from __future__ import annotations
