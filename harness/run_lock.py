@@ -48,6 +48,13 @@ def _missing_dirs(path: str) -> List[str]:
   return missing[::-1]
 
 
+def _remove_empty(created: List[str]) -> None:
+  """Removes the directories a refused launch created, innermost first, if still empty."""
+  for folder in reversed(created):
+    with contextlib.suppress(OSError):  # not empty: something else lives there now
+      os.rmdir(folder)
+
+
 def _holder_text(fd: int) -> str:
   """'pid P on host H' from the lock file's contents (as far as they can be read)."""
   try:
@@ -89,10 +96,14 @@ class RunLock:
     except OSError as e:
       holder = _holder_text(fd)
       os.close(fd)
-      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-        raise
-      raise UsageError(f'{root_dir} is in use by {holder} ({path}): wait for that run to end '
-                       'or stop it; a run directory takes one writer') from e
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+        raise UsageError(f'{root_dir} is in use by {holder} ({path}): wait for that run to '
+                         'end or stop it; a run directory takes one writer') from e
+      if not existed:  # e.g. ENOLCK: a filesystem without locks; leave ROOT as it was
+        os.remove(path)
+        _remove_empty(created)
+      raise UsageError(f'cannot lock {path} ({e.strerror}): use a --root_dir on a filesystem '
+                       'that supports flock') from e
     previous = os.pread(fd, os.fstat(fd).st_size, 0) if existed else None
     lock = cls(root_dir, fd, previous, created)
     _HELD[key] = lock
@@ -116,9 +127,7 @@ class RunLock:
         self._write(self._previous)
       else:
         os.remove(self.path)
-        for folder in reversed(self._created):
-          with contextlib.suppress(OSError):  # not empty: something else lives there now
-            os.rmdir(folder)
+        _remove_empty(self._created)
     finally:
       self.release()
 

@@ -101,14 +101,14 @@ class _SignalWatcher:
     self.grace_seconds = grace_seconds
     self._program = program
     self._signals = 0
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    self._read_fd = read_fd
+    self._read_fd, self.write_fd = os.pipe()
+    os.set_blocking(self.write_fd, False)
+    signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
     for signum in SIGNALS:
-      # The C-level handler writes the signal number to the wakeup pipe; the
-      # Python-level handler has nothing left to do.
-      signal.signal(signum, _ignore)
-    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+      # A signal ignored when the process started stays ignored (a background
+      # job of a shell script must not take the terminal's Ctrl-C).
+      if signal.getsignal(signum) is not signal.SIG_IGN:
+        signal.signal(signum, _python_handler)
     threading.Thread(target=self._watch, name='signal-watcher', daemon=True).start()
 
   def _watch(self) -> None:
@@ -146,8 +146,19 @@ class _SignalWatcher:
       os._exit(exit_code)  # pylint: disable=protected-access
 
 
-def _ignore(signum, frame) -> None:  # pylint: disable=unused-argument
-  """The Python-level handler: the signal watcher thread does the work."""
+def _python_handler(signum, frame) -> None:  # pylint: disable=unused-argument
+  """The Python-level handler: the C-level one has already written the signal
+  number to the wakeup pipe, and the watcher thread does the work. Should a
+  library have taken the wakeup fd over since, the number is passed on here."""
+  if _WATCHER is None:
+    return
+  previous = signal.set_wakeup_fd(_WATCHER.write_fd, warn_on_full_buffer=False)
+  if previous != _WATCHER.write_fd:
+    signal.set_wakeup_fd(previous)
+    try:
+      os.write(_WATCHER.write_fd, bytes([signum]))
+    except OSError:
+      pass  # a full pipe already holds signals enough to act on
 
 
 _WATCHER: Optional[_SignalWatcher] = None
