@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import time
 from typing import Callable, Dict, Tuple, TypeVar
 
@@ -26,12 +25,14 @@ from tf_agents.experimental.distributed import reverb_variable_container
 
 from harness import checkpoints
 from harness import collect
+from harness import disk
 from harness import envs
 from harness import learn
 from harness import loop
 from harness import metrics
 from harness import replay
 from harness import reporting
+from harness import shutdown
 from harness import triggers
 from harness.errors import UsageError
 from harness.parts import (AgentParts, build_agent, make_collect_env, make_replay_table,
@@ -79,9 +80,14 @@ def _check_address(cfg: RunConfig) -> str:
 
 
 def wait_for_server(address: str, limit_s: float) -> reverb.Client:
-  """A client of a reachable server, retrying with back-off for `limit_s` seconds."""
+  """A client of a reachable server, retrying with back-off for `limit_s` seconds.
+
+  A stop request (a signal) ends the wait with `shutdown.Stopped`.
+  """
   deadline, delay = time.time() + limit_s, 0.25
   while True:
+    shutdown.exit_if_requested(f'while waiting for the replay server at {address}',
+                               'no checkpoint written (it needs the server); the last one stays')
     client = reverb.Client(address)
     try:
       client.server_info(timeout=5)
@@ -94,7 +100,7 @@ def wait_for_server(address: str, limit_s: float) -> reverb.Client:
             'Distributed.max_unreachable_seconds') from e
       logging.warning('Replay server at %s unreachable (%s); retrying in %.1f s', address,
                       type(e).__name__, delay)
-      time.sleep(delay)
+      shutdown.current().wait(delay)
       delay = min(delay * 2, 5.0)
 
 
@@ -169,7 +175,8 @@ def run_job(cfg: RunConfig) -> None:
 
 
 def run_replay(cfg: RunConfig, settings: Distributed, address: str) -> None:
-  """Serves the replay and variables tables until SIGTERM or SIGINT.
+  """Serves the replay and variables tables until SIGTERM or SIGINT, then stops the
+  server and raises `shutdown.Stopped` (exit 143 or 130).
 
   The learner asks for a replay checkpoint together with each of its own, so
   the two stay paired; this job writes only `ROOT/replay/`.
@@ -182,13 +189,13 @@ def run_replay(cfg: RunConfig, settings: Distributed, address: str) -> None:
                                replay.replay_dir(cfg.root_dir), port=port)
   logging.info('Replay job serving %s and %s on port %d (all interfaces, no authentication)',
                replay.TABLE, VARIABLES_TABLE, server.port)
-  stop = []
-  for sig in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(sig, lambda *_: stop.append(True))
-  while not stop:
-    time.sleep(0.5)
-  logging.info('Replay job stopping')
+  stop = shutdown.current()
+  stop.wait()
   server.stop()
+  message = (f'replay job stopped by {stop.reason}: server stopped (the learner\'s checkpoints '
+             'hold the paired table); run the same command to resume')
+  logging.info('%s', message)
+  raise shutdown.Stopped(message, stop.exit_code)
 
 
 class _CollectorConnection:
@@ -209,7 +216,11 @@ class _CollectorConnection:
 
 def run_collector(cfg: RunConfig, settings: Distributed, address: str,
                   collector_id: int) -> None:
-  """Steps its own envs, inserts into the replay table, pulls weights periodically."""
+  """Steps its own envs, inserts into the replay table, pulls weights periodically.
+
+  On a stop request it finishes its iteration, flushes its items to the server
+  and raises `shutdown.Stopped`.
+  """
   seed = cfg.seed + 1000 * (collector_id + 1)
   env = make_collect_env(cfg, seed)
   parts = build_agent(cfg, env)
@@ -220,7 +231,8 @@ def run_collector(cfg: RunConfig, settings: Distributed, address: str,
   collector = collect.Collector(env, parts.agent.collect_policy, [conn, stats],
                                 settings.pull_interval_steps)
   variables = shared_variables(parts)
-  os.makedirs(os.path.join(cfg.root_dir, 'collectors'), exist_ok=True)
+  with disk.writing(os.path.join(cfg.root_dir, 'collectors')):
+    os.makedirs(os.path.join(cfg.root_dir, 'collectors'), exist_ok=True)
   log = metrics.CsvLog(os.path.join(cfg.root_dir, 'collectors',
                                     f'collector-{collector_id}.csv'), COLLECTOR_COLUMNS)
   # Until the learner has pushed weights, act with epsilon_start (random).
@@ -233,7 +245,8 @@ def run_collector(cfg: RunConfig, settings: Distributed, address: str,
       pulled = True
 
   logging.info('Collector %d connected to %s', collector_id, address)
-  while True:
+  stop = shutdown.current()
+  while not stop.requested:
     _retrying(settings, address, pull, conn.connect)
     learner_env_steps = int(parts.run_state.env_steps.numpy())
     log.append({'wall_time': time.time(), 'env_steps': stats.env_steps,
@@ -245,6 +258,11 @@ def run_collector(cfg: RunConfig, settings: Distributed, address: str,
       break
     _retrying(settings, address, lambda: collect_and_flush(collector, conn), conn.connect)
   conn.observer.close()
+  if stop.requested:
+    message = (f'collector {collector_id} stopped by {stop.reason} at env_steps '
+               f'{stats.env_steps}: its items are flushed; run the same command to resume')
+    logging.info('%s', message)
+    raise shutdown.Stopped(message, stop.exit_code)
 
 
 def collect_and_flush(collector: collect.Collector, conn: _CollectorConnection) -> None:
@@ -272,6 +290,7 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
   client = wait_for_server(address, settings.max_unreachable_seconds)
   pair_warning = (checkpoints.check_replay_pair(run_state, replay.replay_dir(cfg.root_dir))
                   if run_dir.checkpointer.restored else None)
+  shutdown.exit_if_requested('during start-up')  # before the first write
   run_dir.write_launch_files(pair_warning)
   reporter = reporting.Reporter(cfg, parts, run_dir.restored_step)
   per = prioritized_settings(cfg)
@@ -327,6 +346,7 @@ def run_evaluator(cfg: RunConfig, settings: Distributed, address: str) -> None:
   """Evaluates the newest pushed weights every `eval_job_interval_seconds`.
 
   Writes eval.csv rows itself; run it with `Distributed.eval_in_learner=False`.
+  A stop request ends it after the evaluation under way (`shutdown.Stopped`).
   """
   parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
   reporter = reporting.Reporter(cfg, parts, restored_step=None)
@@ -334,7 +354,8 @@ def run_evaluator(cfg: RunConfig, settings: Distributed, address: str) -> None:
   container = reverb_variable_container.ReverbVariableContainer(address)
   variables = shared_variables(parts)
   last_step = -1
-  while True:
+  stop = shutdown.current()
+  while not stop.requested:
     if client.server_info(timeout=5)[VARIABLES_TABLE].current_size > 0:
       container.update(variables)
       env_steps = int(parts.run_state.env_steps.numpy())
@@ -343,5 +364,10 @@ def run_evaluator(cfg: RunConfig, settings: Distributed, address: str) -> None:
         reporter.evaluate(env_steps)
       if env_steps >= cfg.num_env_steps:
         break
-    time.sleep(settings.eval_job_interval_seconds)
+    stop.wait(settings.eval_job_interval_seconds)
   reporter.close()
+  if stop.requested:
+    message = (f'eval job stopped by {stop.reason} after evaluating train_step {last_step}; '
+               'run the same command to resume')
+    logging.info('%s', message)
+    raise shutdown.Stopped(message, stop.exit_code)

@@ -48,6 +48,7 @@ class RunConfig:
   job: str
   replay_address: Optional[str]
   collector_id: int
+  shutdown_grace_seconds: float
 
   @property
   def replay_ratio(self) -> float:
@@ -76,6 +77,10 @@ class RunConfig:
         or not 0.0 <= self.eval_epsilon <= 1.0):
       raise UsageError(f'train_eval.eval_epsilon={self.eval_epsilon!r} is outside [0, 1], '
                        'e.g. train_eval.eval_epsilon=0.05 (0 = greedy)')
+    grace = self.shutdown_grace_seconds
+    if not isinstance(grace, (int, float)) or isinstance(grace, bool) or not 0 < grace < 1e9:
+      raise UsageError(f'train_eval.shutdown_grace_seconds={grace!r} must be a positive number '
+                       'of seconds, e.g. train_eval.shutdown_grace_seconds=60')
     if not isinstance(self.prioritized_replay, bool):
       raise UsageError(f'train_eval.prioritized_replay={self.prioritized_replay!r} must be '
                        'True or False')
