@@ -180,8 +180,9 @@ def start_replay(cfg: RunConfig, settings: Distributed, port: int) -> reverb.Ser
   table = make_replay_table(cfg, layout, _rate_limiter(cfg, settings, layout.rows_per_item))
   server = replay.start_server([table, _variables_table(parts)],
                                replay.replay_dir(cfg.root_dir), port=port or None)
-  logging.info('Replay job serving %s and %s on port %d (all interfaces, no authentication)',
-               replay.TABLE, VARIABLES_TABLE, server.port)
+  logging.info('Replay job serving %s and %s on port %d (all interfaces, no authentication); '
+               '%d replay items restored', replay.TABLE, VARIABLES_TABLE, server.port,
+               replay.table_size(server.localhost_client()))
   return server
 
 
