@@ -279,7 +279,7 @@ class LearnerStart:
 
 def open_learner(cfg: RunConfig) -> LearnerStart:
   """Builds the agent and opens ROOT: a refused resume raises `UsageError` here,
-  before anything is written (`harness-launch` starts no other job until then)."""
+  before anything is written (`harness-launch` lets no other job write to ROOT until then)."""
   parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
   return LearnerStart(parts, RunDirectory(cfg.root_dir, parts))
 
