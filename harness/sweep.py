@@ -31,7 +31,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from absl import flags
@@ -41,6 +40,7 @@ import gin
 
 from harness import aggregate
 from harness import errors
+from harness import ray_runtime
 from harness import results
 from harness import sweep_spec
 from harness.errors import UsageError
@@ -383,27 +383,6 @@ def format_seconds(seconds: float) -> str:
 # --- Ray ------------------------------------------------------------------------------
 
 
-def _quiet_ray_environment() -> None:
-  """Before Ray is imported: no progress tables, no result files, no usage stats."""
-  os.environ.setdefault('RAY_AIR_NEW_OUTPUT', '0')  # verbose=0 is silent only in the old output
-  os.environ.setdefault('TUNE_DISABLE_AUTO_CALLBACK_LOGGERS', '1')  # Tune's json/csv/tb files
-  os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
-  os.environ.setdefault('TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S', '1000')
-  # Ray's processes wait 5 s for the GCS by default; on a machine at load
-  # average 50 ray.init timed out getting the cluster id and segfaulted.
-  os.environ.setdefault('RAY_gcs_rpc_server_connect_timeout_s', '60')
-
-
-def _route_library_logs(handler: std_logging.Handler) -> None:
-  """Ray's and Optuna's Python log records go to `handler`, not to the terminal."""
-  for name in ('ray', 'optuna'):
-    logger = std_logging.getLogger(name)
-    for old in list(logger.handlers):
-      logger.removeHandler(old)
-    logger.addHandler(handler)
-    logger.propagate = False
-
-
 def _ray_log_file(root: str) -> std_logging.Handler:
   """SWEEP/logs/ray.log, for Ray's and Optuna's log records."""
   handler = std_logging.FileHandler(os.path.join(root, sweep_spec.LOGS_DIR, RAY_LOG))
@@ -412,20 +391,9 @@ def _ray_log_file(root: str) -> std_logging.Handler:
 
 
 def start_ray(cpus_needed: float) -> None:
-  """Embedded Ray on localhost, or a connection to the cluster of --ray_address."""
-  import ray  # pylint: disable=g-import-not-at-top
-  common = dict(log_to_driver=False, configure_logging=False)
-  if _RAY_ADDRESS.value:
-    try:
-      ray.init(address=_RAY_ADDRESS.value, **common)
-    except (ConnectionError, ValueError, RuntimeError) as e:
-      raise UsageError(f'--ray_address={_RAY_ADDRESS.value}: cannot connect to a Ray cluster '
-                       f'({errors.first_line(e)}); start one with `ray start --head`') from e
-    return
-  # Every Ray process listens on 127.0.0.1 only (checked with `ss -ltnp`), and
-  # there is no dashboard UI: a sweep on a laptop opens nothing to the network.
-  ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)), include_dashboard=False,
-           _node_ip_address='127.0.0.1', **common)
+  """Embedded Ray with room for the trials, or the cluster of --ray_address."""
+  ray_runtime.start(_RAY_ADDRESS.value,
+                    num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)))
 
 
 def make_asha(spec: Spec):
@@ -619,11 +587,10 @@ def main(argv: List[str]) -> None:
     logging.info('Nothing left to run in %s: writing the summary', root)
     sys.exit(finish(root, table))
   check = start_check(spec)
-  _quiet_ray_environment()
-  import ray  # pylint: disable=g-import-not-at-top
+  ray_runtime.quiet_environment()
   # Ray's log records wait in memory until the input is known to be good.
   held = log_handlers.MemoryHandler(capacity=100_000, flushLevel=std_logging.CRITICAL + 1)
-  _route_library_logs(held)
+  ray_runtime.route_library_logs(held)
   per_trial = _CPUS_PER_TRIAL.value * (len(spec.seeds) if spec.search == 'optuna' else 1)
   try:
     try:
@@ -638,7 +605,7 @@ def main(argv: List[str]) -> None:
     os.makedirs(os.path.join(root, sweep_spec.LOGS_DIR), exist_ok=True)
     held.setTarget(_ray_log_file(root))
     held.flush()
-    _route_library_logs(held.target)
+    ray_runtime.route_library_logs(held.target)
     table.write()
     logging.info('Sweep %s: %d trials, %s to run%s', root, table.total,
                  len(table.remaining()) if spec.search == 'grid' else 'points of the search',
@@ -649,7 +616,7 @@ def main(argv: List[str]) -> None:
       check.kill()
       check.wait()
     # Stops the Ray we started; on a cluster it only disconnects this driver.
-    ray.shutdown()
+    ray_runtime.stop(embedded=not _RAY_ADDRESS.value, program=_PROGRAM)
     shutil.rmtree(os.path.join(root, TUNE_DIR), ignore_errors=True)
   if table.interrupted():
     logging.info('Interrupted: running trials go back to pending')
