@@ -18,8 +18,7 @@ with contextlib.redirect_stderr(io.StringIO()):
 
 
 def quiet_tensorflow_logs() -> None:
-  """Keeps TensorFlow's own INFO lines (SavedModel writing) out of our log."""
-  import logging as std_logging  # pylint: disable=g-import-not-at-top
-  import warnings  # pylint: disable=g-import-not-at-top
-  std_logging.getLogger('tensorflow').setLevel(std_logging.WARNING)
-  warnings.filterwarnings('ignore', message='Encoding a StructuredValue')
+  """Keeps TensorFlow's and the other libraries' lines out of our log unless
+  --verbosity asks for them (see `harness.quiet`)."""
+  from harness import quiet  # pylint: disable=g-import-not-at-top
+  quiet.setup_log()

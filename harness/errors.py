@@ -65,12 +65,13 @@ def run_app(program: str, main: Callable[[List[str]], None]) -> None:
 
 
 def log_to_stdout() -> None:
-  """Sends absl logging to stdout, keeping stderr for problems only.
+  """Sends absl logging to stdout, keeping stderr for problems only, and holds
+  back the libraries' chatter unless --verbosity asks for it (`harness.quiet`).
 
   Call it inside `app.run`'s main (absl installs its handler there).
   """
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  logging.get_absl_handler().python_handler.stream = sys.stdout
+  from harness import quiet  # pylint: disable=g-import-not-at-top
+  quiet.setup_log()
 
 
 @contextlib.contextmanager

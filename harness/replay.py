@@ -12,6 +12,8 @@ from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import trajectory as trajectory_lib
 import tree
 
+from harness import quiet
+
 TABLE = 'uniform_table'
 
 
@@ -54,7 +56,8 @@ def start_server(tables: List[reverb.Table], checkpoint_dir: Optional[str],
   if checkpoint_dir:
     os.makedirs(checkpoint_dir, exist_ok=True)
     checkpointer = reverb.checkpointers.DefaultCheckpointer(path=checkpoint_dir)
-  server = reverb.Server(tables, port=port, checkpointer=checkpointer)
+  with quiet.native_stderr():  # Reverb's start and restore lines
+    server = reverb.Server(tables, port=port, checkpointer=checkpointer)
   logging.info('Reverb server listening on port %d', server.port)
   return server
 

@@ -168,6 +168,19 @@ class Reporter:
     self._eval_summaries.close()
 
 
+def describe_run(cfg: RunConfig, parts: AgentParts, env_id: str) -> str:
+  """The start-up summary line: run directory, agent, environment, target."""
+  built = parts.built
+  agent = 'DDQN'
+  options = [f'{built.n_step_update}-step targets'] if built.n_step_update > 1 else []
+  options += ['prioritized replay'] if cfg.prioritized_replay else []
+  if options:
+    agent += f' ({", ".join(options)})'
+  return (f'Run {cfg.root_dir}: {agent} on {env_id}, {cfg.num_env_steps} env steps '
+          f'({cfg.num_envs} env{"s" if cfg.num_envs > 1 else ""}, replay ratio '
+          f'{cfg.replay_ratio:g}, seed {cfg.seed})')
+
+
 def metrics_row(parts: AgentParts, env_steps: int, loss: float, replay_size: int,
                 avg_return: float, trainer: learn.Trainer,
                 policy_traces: Optional[int]) -> dict:
