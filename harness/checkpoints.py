@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import shutil
 import time
@@ -17,6 +18,7 @@ from tf_agents.policies import policy_saver
 from tf_agents.utils import common
 
 from harness import agents
+from harness import disk
 from harness.errors import UsageError
 from harness.metrics import EpisodeStats
 
@@ -143,7 +145,7 @@ class ResumableCheckpointer:
     self._built = built
     # This launch's settings, read before the restore can overwrite them.
     self._wanted = {name: schedule.values() for name, schedule in built.schedules().items()}
-    directory = train_dir(root_dir)
+    directory = self._directory = train_dir(root_dir)
     _skip_damaged_checkpoints(directory)
     try:
       self._checkpointer = common.Checkpointer(
@@ -180,7 +182,14 @@ class ResumableCheckpointer:
     return changes
 
   def save(self, global_step: tf.Variable) -> None:
-    self._checkpointer.save(global_step)
+    """Writes ckpt-<step>; a failed write (full disk) raises `disk.WriteError` and leaves
+    the previous checkpoints as they were (its half-written `_temp` files are removed)."""
+    with disk.writing(self._directory, cleanup=self._remove_partial_saves):
+      self._checkpointer.save(global_step)
+
+  def _remove_partial_saves(self) -> None:
+    for partial in glob.glob(os.path.join(self._directory, 'ckpt-*_temp')):
+      shutil.rmtree(partial, ignore_errors=True)
 
   def latest(self) -> Optional[str]:
     return self._checkpointer.manager.latest_checkpoint
@@ -218,9 +227,12 @@ def save_pair(client: reverb.Client, checkpointer: ResumableCheckpointer,
   """Writes the Reverb checkpoint, then the TF checkpoint that names it.
 
   The TF checkpoint is the commit point: a resume always starts from a TF
-  checkpoint, and `check_replay_pair` tells whether the table matches it.
+  checkpoint, and `check_replay_pair` tells whether the table matches it. A
+  failed write raises `disk.WriteError`; a half-written Reverb checkpoint has no
+  DONE file, so no server loads it, and the next one deletes it.
   """
-  path = client.checkpoint()
+  with disk.writing('the Reverb checkpoint'):
+    path = client.checkpoint()
   run_state.replay_checkpoint.assign(os.path.basename(path.rstrip('/')))
   checkpointer.save(train_step)
   logging.info('Checkpoint at train_step %d with replay %s', int(train_step.numpy()), path)
@@ -239,7 +251,8 @@ class PolicyExporter:
   and harness-eval read either.
 
   Each export goes to a temporary directory first and is swapped in by rename,
-  so a crash mid-write never leaves a half-written policy in place.
+  so a crash mid-write never leaves a half-written policy in place; a failed
+  write (full disk) removes the temporary directory and raises `disk.WriteError`.
   """
 
   def __init__(self, root_dir: str, agent: dqn_agent.DqnAgent):
@@ -271,10 +284,11 @@ class PolicyExporter:
     final = self.path(name)
     tmp, old = final + '.tmp', final + '.old'
     shutil.rmtree(tmp, ignore_errors=True)
-    self._write(policy, tmp)
-    if os.path.exists(final):
-      os.replace(final, old)
-    os.replace(tmp, final)
+    with disk.writing(tmp, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True)):
+      self._write(policy, tmp)
+      if os.path.exists(final):
+        os.replace(final, old)
+      os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
 
   def save_current(self) -> None:

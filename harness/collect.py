@@ -15,6 +15,18 @@ from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 
 Observer = Callable[[object], None]
+# Env steps of the initial random collect between two looks at a stop request.
+RANDOM_CHUNK_STEPS = 1000
+
+
+class _StepCounter:
+  """Counts env steps the way PyDriver does (boundary steps are not steps)."""
+
+  def __init__(self):
+    self.steps = 0
+
+  def __call__(self, traj) -> None:
+    self.steps += int(np.sum(~np.atleast_1d(traj.is_boundary())))
 
 
 class CompiledPolicy(py_tf_eager_policy.PyTFEagerPolicy):
@@ -96,13 +108,25 @@ class Collector:
       self._time_step = self.env.reset()
     return self._time_step
 
-  def collect_random(self, num_steps: int) -> None:
-    """Uniformly random actions for `num_steps` env steps (the initial collect)."""
+  def collect_random(self, num_steps: int,
+                     should_stop: Callable[[], bool] = lambda: False) -> int:
+    """Uniformly random actions for `num_steps` env steps (the initial collect).
+
+    Runs in chunks of about `RANDOM_CHUNK_STEPS`, asking `should_stop` between
+    them (Atari's 20,000 steps take half a minute). Returns the env steps taken.
+    """
     if num_steps <= 0:
-      return
-    driver = py_driver.PyDriver(self.env, self._random_policy, self._observers,
-                                max_steps=num_steps)
-    self._time_step, _ = driver.run(self._time_step_or_reset())
+      return 0
+    batch = self.env.batch_size if self.env.batched else 1
+    chunk = -(-RANDOM_CHUNK_STEPS // batch) * batch  # a whole number of batched steps
+    taken = 0
+    while taken < num_steps and not should_stop():
+      counter = _StepCounter()
+      driver = py_driver.PyDriver(self.env, self._random_policy, self._observers + [counter],
+                                  max_steps=min(chunk, num_steps - taken))
+      self._time_step, _ = driver.run(self._time_step_or_reset())
+      taken += counter.steps
+    return taken
 
   def run(self) -> None:
     """`steps_per_run` env steps with the collect policy."""

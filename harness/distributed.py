@@ -8,36 +8,41 @@ Env steps of a distributed run are counted by the learner through the replay
 ratio that the rate limiter enforces: env_steps = initial_collect_steps +
 train_step / replay_ratio. The count is exact up to the limiter's tolerance,
 survives restarts of any job, and is what `num_env_steps` is compared with.
+
+Jobs find the replay server through a `ReplayLocator`: a fixed `host:port`
+(`harness-train --job=... --replay_address`), or a lookup that runs again on
+every reconnect (`harness-launch` asks the server's Ray actor, as a restarted
+server may come back on another port or node).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import time
-from typing import Callable, Dict, Tuple, TypeVar
+from typing import Callable, Dict, Optional, Tuple, TypeVar
 
 from absl import logging
-import gin
 import reverb
 import tensorflow as tf
 from tf_agents.experimental.distributed import reverb_variable_container
 
 from harness import checkpoints
 from harness import collect
+from harness import disk
 from harness import envs
 from harness import learn
 from harness import loop
 from harness import metrics
 from harness import replay
 from harness import reporting
+from harness import shutdown
 from harness import triggers
 from harness.errors import UsageError
 from harness.parts import (AgentParts, build_agent, make_collect_env, make_replay_table,
                            prioritized_settings, replay_layout)
 from harness.run_dir import RunDirectory
-from harness.settings import RunConfig
+from harness.settings import Distributed, RunConfig
 
 VARIABLES_TABLE = reverb_variable_container.DEFAULT_TABLE
 COLLECTOR_COLUMNS = ['wall_time', 'env_steps', 'policy_train_step', 'epsilon']
@@ -48,29 +53,6 @@ _CONNECTION_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededErro
                       tf.errors.InternalError, tf.errors.AbortedError, RuntimeError)
 
 
-@gin.configurable
-@dataclasses.dataclass
-class Distributed:
-  """Settings of a distributed run (`--job=replay|collect|learn|eval`).
-
-  Attributes:
-    tolerance_inserts: how many inserts collectors may run ahead of (or behind)
-      the learner's samples-per-insert ratio before the rate limiter blocks.
-    pull_interval_steps: env steps between a collector's weight pulls.
-    push_interval_steps: train steps between the learner's weight pushes.
-    max_unreachable_seconds: a job that cannot reach the replay server for this
-      long gives up with exit status 2.
-    eval_in_learner: the learner evaluates (set False when an eval job runs).
-    eval_job_interval_seconds: how often an eval job evaluates the newest weights.
-  """
-  tolerance_inserts: int = 500
-  pull_interval_steps: int = 200
-  push_interval_steps: int = 100
-  max_unreachable_seconds: float = 60.0
-  eval_in_learner: bool = True
-  eval_job_interval_seconds: float = 30.0
-
-
 def _check_address(cfg: RunConfig) -> str:
   if not cfg.replay_address or ':' not in cfg.replay_address:
     raise UsageError(f'--job={cfg.job} needs --replay_address=host:port (got '
@@ -78,36 +60,59 @@ def _check_address(cfg: RunConfig) -> str:
   return cfg.replay_address
 
 
-def wait_for_server(address: str, limit_s: float) -> reverb.Client:
-  """A client of a reachable server, retrying with back-off for `limit_s` seconds."""
-  deadline, delay = time.time() + limit_s, 0.25
+@dataclasses.dataclass(frozen=True)
+class ReplayLocator:
+  """Where the jobs find the replay server.
+
+  Attributes:
+    find: returns the server's `host:port`; asked again on every (re)connect.
+    hint: what to do when the server stays unreachable (ends the error line).
+  """
+  find: Callable[[], str]
+  hint: str
+
+
+def fixed_address(address: str) -> ReplayLocator:
+  """The locator of a server at a known address (`--replay_address`)."""
+  return ReplayLocator(lambda: address, 'start it with --job=replay, check --replay_address')
+
+
+def wait_for_server(locator: ReplayLocator, limit_s: float) -> Tuple[str, reverb.Client]:
+  """The address of a reachable server and a client of it, retrying with
+  back-off for `limit_s` seconds (the address is looked up on every try).
+
+  A stop request (a signal) ends the wait with `shutdown.Stopped`.
+  """
+  deadline, delay, address = time.time() + limit_s, 0.25, '(not found)'
   while True:
-    client = reverb.Client(address)
+    shutdown.exit_if_requested(f'while waiting for the replay server at {address}',
+                               'no checkpoint written (it needs the server); the last one stays')
     try:
+      address = locator.find()
+      client = reverb.Client(address)
       client.server_info(timeout=5)
-      return client
+      return address, client
     except Exception as e:  # pylint: disable=broad-except  (any failure = not reachable)
       if time.time() + delay > deadline:
         raise UsageError(
             f'cannot reach the replay server at {address} for {limit_s:.0f} s ({type(e).__name__}): '
-            'start it with --job=replay, check --replay_address, or raise '
-            'Distributed.max_unreachable_seconds') from e
+            f'{locator.hint}, or raise Distributed.max_unreachable_seconds') from e
       logging.warning('Replay server at %s unreachable (%s); retrying in %.1f s', address,
                       type(e).__name__, delay)
-      time.sleep(delay)
+      shutdown.current().wait(delay)
       delay = min(delay * 2, 5.0)
 
 
-def _retrying(settings: Distributed, address: str, action: Callable[[], T],
-              reconnect: Callable[[reverb.Client], None]) -> T:
-  """Runs `action`; on a lost connection waits for the server, reconnects, retries."""
+def _retrying(settings: Distributed, locator: ReplayLocator, action: Callable[[], T],
+              reconnect: Callable[[str, reverb.Client], None]) -> T:
+  """Runs `action`; on a lost connection finds the server again, reconnects, retries."""
   while True:
     try:
       return action()
     except _CONNECTION_ERRORS as e:
       logging.warning('Lost the replay server (%s: %s); reconnecting', type(e).__name__,
                       str(e).splitlines()[0] if str(e) else '')
-      reconnect(wait_for_server(address, settings.max_unreachable_seconds))
+      reconnect(*wait_for_server(locator, settings.max_unreachable_seconds))
 
 
 def shared_variables(parts: AgentParts) -> Dict[str, object]:
@@ -161,66 +166,80 @@ def run_job(cfg: RunConfig) -> None:
   if cfg.job == 'replay':
     run_replay(cfg, settings, address)
   elif cfg.job == 'collect':
-    run_collector(cfg, settings, address, cfg.collector_id)
+    run_collector(cfg, settings, fixed_address(address), cfg.collector_id)
   elif cfg.job == 'learn':
-    run_learner(cfg, settings, address)
+    run_learner(cfg, settings, fixed_address(address))
   else:
-    run_evaluator(cfg, settings, address)
+    run_evaluator(cfg, settings, fixed_address(address))
 
 
-def run_replay(cfg: RunConfig, settings: Distributed, address: str) -> None:
-  """Serves the replay and variables tables until SIGTERM or SIGINT.
+def start_replay(cfg: RunConfig, settings: Distributed, port: int) -> reverb.Server:
+  """Starts the server of the replay and variables tables on `port` (0: a free
+  one), restored from the newest checkpoint in `ROOT/replay/`.
 
   The learner asks for a replay checkpoint together with each of its own, so
-  the two stay paired; this job writes only `ROOT/replay/`.
+  the two stay paired; the replay job writes only `ROOT/replay/`. A port in
+  use raises `ValueError` (Reverb's "Failed to BuildAndStart gRPC server").
   """
   parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
   layout = replay_layout(cfg, parts)
   table = make_replay_table(cfg, layout, _rate_limiter(cfg, settings, layout.rows_per_item))
-  port = int(address.rsplit(':', 1)[1])
   server = replay.start_server([table, _variables_table(parts)],
-                               replay.replay_dir(cfg.root_dir), port=port)
-  logging.info('Replay job serving %s and %s on port %d (all interfaces, no authentication)',
-               replay.TABLE, VARIABLES_TABLE, server.port)
-  stop = []
-  for sig in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(sig, lambda *_: stop.append(True))
-  while not stop:
-    time.sleep(0.5)
-  logging.info('Replay job stopping')
+                               replay.replay_dir(cfg.root_dir), port=port or None)
+  logging.info('Replay job serving %s and %s on port %d (all interfaces, no authentication); '
+               '%d replay items restored', replay.TABLE, VARIABLES_TABLE, server.port,
+               replay.table_size(server.localhost_client()))
+  return server
+
+
+def run_replay(cfg: RunConfig, settings: Distributed, address: str) -> None:
+  """Serves the replay and variables tables on `address`'s port until SIGTERM or
+  SIGINT, then stops the server and raises `shutdown.Stopped` (exit 143 or 130)."""
+  server = start_replay(cfg, settings, int(address.rsplit(':', 1)[1]))
+  stop = shutdown.current()
+  stop.wait()
   server.stop()
+  message = (f'replay job stopped by {stop.reason}: server stopped (the learner\'s checkpoints '
+             'hold the paired table); run the same command to resume')
+  logging.info('%s', message)
+  raise shutdown.Stopped(message, stop.exit_code)
 
 
 class _CollectorConnection:
   """A collector's client, observer and variable container; rebuilt on reconnect."""
 
   def __init__(self, layout, num_envs: int, address: str, client: reverb.Client):
-    self._layout, self._num_envs, self._address = layout, num_envs, address
-    self.connect(client)
+    self._layout, self._num_envs = layout, num_envs
+    self.connect(address, client)
 
-  def connect(self, client: reverb.Client) -> None:
-    self.client = client
+  def connect(self, address: str, client: reverb.Client) -> None:
+    self.address, self.client = address, client
     self.observer = self._layout.make_observer(client, self._num_envs)
-    self.variables = reverb_variable_container.ReverbVariableContainer(self._address)
+    self.variables = reverb_variable_container.ReverbVariableContainer(address)
 
   def __call__(self, traj) -> None:
     self.observer(traj)
 
 
-def run_collector(cfg: RunConfig, settings: Distributed, address: str,
+def run_collector(cfg: RunConfig, settings: Distributed, locator: ReplayLocator,
                   collector_id: int) -> None:
-  """Steps its own envs, inserts into the replay table, pulls weights periodically."""
+  """Steps its own envs, inserts into the replay table, pulls weights periodically.
+
+  On a stop request it finishes its iteration, flushes its items to the server
+  and raises `shutdown.Stopped`.
+  """
   seed = cfg.seed + 1000 * (collector_id + 1)
   env = make_collect_env(cfg, seed)
   parts = build_agent(cfg, env)
   layout = replay_layout(cfg, parts)
-  conn = _CollectorConnection(layout, cfg.num_envs, address,
-                              wait_for_server(address, settings.max_unreachable_seconds))
+  conn = _CollectorConnection(layout, cfg.num_envs,
+                              *wait_for_server(locator, settings.max_unreachable_seconds))
   stats = metrics.EpisodeStats(cfg.num_envs)
   collector = collect.Collector(env, parts.agent.collect_policy, [conn, stats],
                                 settings.pull_interval_steps)
   variables = shared_variables(parts)
-  os.makedirs(os.path.join(cfg.root_dir, 'collectors'), exist_ok=True)
+  with disk.writing(os.path.join(cfg.root_dir, 'collectors')):
+    os.makedirs(os.path.join(cfg.root_dir, 'collectors'), exist_ok=True)
   log = metrics.CsvLog(os.path.join(cfg.root_dir, 'collectors',
                                     f'collector-{collector_id}.csv'), COLLECTOR_COLUMNS)
   # Until the learner has pushed weights, act with epsilon_start (random).
@@ -232,9 +251,10 @@ def run_collector(cfg: RunConfig, settings: Distributed, address: str,
       conn.variables.update(variables)
       pulled = True
 
-  logging.info('Collector %d connected to %s', collector_id, address)
-  while True:
-    _retrying(settings, address, pull, conn.connect)
+  logging.info('Collector %d connected to %s', collector_id, conn.address)
+  stop = shutdown.current()
+  while not stop.requested:
+    _retrying(settings, locator, pull, conn.connect)
     learner_env_steps = int(parts.run_state.env_steps.numpy())
     log.append({'wall_time': time.time(), 'env_steps': stats.env_steps,
                 'policy_train_step': int(parts.train_step.numpy()) if pulled else -1,
@@ -243,8 +263,13 @@ def run_collector(cfg: RunConfig, settings: Distributed, address: str,
       logging.info('Learner reached its target (%d env steps): collector %d done',
                    learner_env_steps, collector_id)
       break
-    _retrying(settings, address, lambda: collect_and_flush(collector, conn), conn.connect)
+    _retrying(settings, locator, lambda: collect_and_flush(collector, conn), conn.connect)
   conn.observer.close()
+  if stop.requested:
+    message = (f'collector {collector_id} stopped by {stop.reason} at env_steps '
+               f'{stats.env_steps}: its items are flushed; run the same command to resume')
+    logging.info('%s', message)
+    raise shutdown.Stopped(message, stop.exit_code)
 
 
 def collect_and_flush(collector: collect.Collector, conn: _CollectorConnection) -> None:
@@ -262,22 +287,39 @@ def _env_steps_of(cfg: RunConfig, train_step: int) -> int:
   return cfg.initial_collect_steps + int(round(train_step / cfg.replay_ratio))
 
 
-def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
-  """Trains from the server's dataset, pushes weights, checkpoints, logs, evaluates."""
+@dataclasses.dataclass
+class LearnerStart:
+  """The learner's agent and run directory, opened (resume checked, checkpoint
+  restored) but nothing written yet."""
+  parts: AgentParts
+  run_dir: RunDirectory
+
+
+def open_learner(cfg: RunConfig) -> LearnerStart:
+  """Builds the agent and opens ROOT: a refused resume raises `UsageError` here,
+  before anything is written (`harness-launch` lets no other job write to ROOT until then)."""
   parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
-  run_dir = RunDirectory(cfg.root_dir, parts)
+  return LearnerStart(parts, RunDirectory(cfg.root_dir, parts))
+
+
+def run_learner(cfg: RunConfig, settings: Distributed, locator: ReplayLocator,
+                start: Optional[LearnerStart] = None) -> None:
+  """Trains from the server's dataset, pushes weights, checkpoints, logs, evaluates."""
+  start = start or open_learner(cfg)
+  parts, run_dir = start.parts, start.run_dir
   layout = replay_layout(cfg, parts)
   train_step, run_state = parts.train_step, parts.run_state
   clock = checkpoints.WallClock(run_state)
-  client = wait_for_server(address, settings.max_unreachable_seconds)
+  address, client = wait_for_server(locator, settings.max_unreachable_seconds)
   pair_warning = (checkpoints.check_replay_pair(run_state, replay.replay_dir(cfg.root_dir))
                   if run_dir.checkpointer.restored else None)
+  shutdown.exit_if_requested('during start-up')  # before the first write
   run_dir.write_launch_files(pair_warning)
   reporter = reporting.Reporter(cfg, parts, run_dir.restored_step)
   per = prioritized_settings(cfg)
   state = {'loss': float('nan')}
 
-  def connect(new_client: reverb.Client) -> None:
+  def connect(address: str, new_client: reverb.Client) -> None:
     state['client'] = new_client
     state['variables'] = reverb_variable_container.ReverbVariableContainer(address)
     priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, train_step,
@@ -287,17 +329,17 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
                                      cfg.train_steps_per_iteration, priorities)
 
   def push(_: int = 0) -> None:
-    _retrying(settings, address,
+    _retrying(settings, locator,
               lambda: state['variables'].push(shared_variables(parts)), connect)
 
   def iteration() -> int:
-    state['loss'] = _retrying(settings, address, lambda: state['trainer'](), connect)
+    state['loss'] = _retrying(settings, locator, lambda: state['trainer'](), connect)
     env_steps = _env_steps_of(cfg, int(train_step.numpy()))
     run_state.set_env_steps(env_steps)
     return env_steps
 
   def metrics_row(env_steps: int) -> dict:
-    size = _retrying(settings, address, lambda: replay.table_size(state['client']), connect)
+    size = _retrying(settings, locator, lambda: replay.table_size(state['client']), connect)
     return reporting.metrics_row(parts, env_steps, state['loss'], size * layout.rows_per_item,
                                  float('nan'), state['trainer'], None)
 
@@ -306,9 +348,9 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
       clock.record()
       checkpoints.save_pair(state['client'], run_dir.checkpointer, run_state, train_step)
       reporter.exporter.save_current()
-    _retrying(settings, address, save, connect)
+    _retrying(settings, locator, save, connect)
 
-  connect(client)
+  connect(address, client)
   env_steps = _env_steps_of(cfg, int(train_step.numpy()))
   run_state.set_env_steps(env_steps)
   push()
@@ -323,25 +365,42 @@ def run_learner(cfg: RunConfig, settings: Distributed, address: str) -> None:
   reporter.close()
 
 
-def run_evaluator(cfg: RunConfig, settings: Distributed, address: str) -> None:
+def run_evaluator(cfg: RunConfig, settings: Distributed, locator: ReplayLocator) -> None:
   """Evaluates the newest pushed weights every `eval_job_interval_seconds`.
 
   Writes eval.csv rows itself; run it with `Distributed.eval_in_learner=False`.
+  A stop request ends it after the evaluation under way (`shutdown.Stopped`).
   """
   parts = build_agent(cfg, envs.make_env(seed=cfg.seed))
   reporter = reporting.Reporter(cfg, parts, restored_step=None)
-  client = wait_for_server(address, settings.max_unreachable_seconds)
-  container = reverb_variable_container.ReverbVariableContainer(address)
+  conn = {}
+
+  def connect(address: str, client: reverb.Client) -> None:
+    conn['client'] = client
+    conn['variables'] = reverb_variable_container.ReverbVariableContainer(address)
+
+  def pull(variables: Dict[str, object]) -> bool:
+    if conn['client'].server_info(timeout=5)[VARIABLES_TABLE].current_size == 0:
+      return False
+    conn['variables'].update(variables)
+    return True
+
+  connect(*wait_for_server(locator, settings.max_unreachable_seconds))
   variables = shared_variables(parts)
   last_step = -1
-  while True:
-    if client.server_info(timeout=5)[VARIABLES_TABLE].current_size > 0:
-      container.update(variables)
+  stop = shutdown.current()
+  while not stop.requested:
+    if _retrying(settings, locator, lambda: pull(variables), connect):
       env_steps = int(parts.run_state.env_steps.numpy())
       if int(parts.train_step.numpy()) != last_step:
         last_step = int(parts.train_step.numpy())
         reporter.evaluate(env_steps)
       if env_steps >= cfg.num_env_steps:
         break
-    time.sleep(settings.eval_job_interval_seconds)
+    stop.wait(settings.eval_job_interval_seconds)
   reporter.close()
+  if stop.requested:
+    message = (f'eval job stopped by {stop.reason} after evaluating train_step {last_step}; '
+               'run the same command to resume')
+    logging.info('%s', message)
+    raise shutdown.Stopped(message, stop.exit_code)

@@ -8,6 +8,7 @@ running anything, so `harness-train` can check the bound values first.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Optional
 
@@ -15,9 +16,13 @@ import gin
 
 from harness import distributed
 from harness import parts
+from harness import run_lock
 from harness.errors import UsageError
 from harness.settings import RunConfig
 from harness.single_process import run_single_process
+
+# The jobs that write the run's checkpoints and logs, and so hold ROOT/.lock.
+WRITER_JOBS = ('all', 'learn')
 
 
 @gin.configurable
@@ -39,7 +44,8 @@ def train_eval(root_dir: str,
                prioritized_replay: bool = False,
                job: str = 'all',
                replay_address: Optional[str] = None,
-               collector_id: int = 0) -> None:
+               collector_id: int = 0,
+               shutdown_grace_seconds: float = 60.0) -> None:
   """Trains and evaluates a DdqnAgent until `num_env_steps`.
 
   Args:
@@ -66,6 +72,10 @@ def train_eval(root_dir: str,
       and `eval` are the jobs of a distributed run (see distributed.py).
     replay_address: host:port of the Reverb server of a distributed run.
     collector_id: which collector this is (`--job=collect`): its seed and file.
+    shutdown_grace_seconds: after SIGTERM or SIGINT a run finishes its iteration,
+      writes a checkpoint and exits 143 (130); if that takes longer than this,
+      the process ends anyway with the same status (the previous checkpoint
+      stays). A second signal ends it at once.
   """
   cfg = RunConfig(
       root_dir=root_dir, num_env_steps=num_env_steps, replay_capacity=replay_capacity,
@@ -75,15 +85,18 @@ def train_eval(root_dir: str,
       eval_episodes=eval_episodes, eval_epsilon=eval_epsilon,
       final_eval_episodes=final_eval_episodes, checkpoint_interval=checkpoint_interval,
       log_interval=log_interval, seed=seed, prioritized_replay=prioritized_replay, job=job,
-      replay_address=replay_address, collector_id=collector_id).validate()
+      replay_address=replay_address, collector_id=collector_id,
+      shutdown_grace_seconds=shutdown_grace_seconds).validate()
   parts.seed_everything(seed)
-  if job == 'all':
-    if replay_address:
-      raise UsageError('--job=all runs its own replay server: drop --replay_address, or run '
-                       'the replay, collect and learn jobs separately')
-    run_single_process(cfg)
-  else:
-    distributed.run_job(cfg)
+  if job == 'all' and replay_address:
+    raise UsageError('--job=all runs its own replay server: drop --replay_address, or run '
+                     'the replay, collect and learn jobs separately')
+  # One writer per run directory: the jobs that train hold ROOT/.lock.
+  with (run_lock.hold(root_dir, job) if job in WRITER_JOBS else contextlib.nullcontext()):
+    if job == 'all':
+      run_single_process(cfg)
+    else:
+      distributed.run_job(cfg)
 
 
 def settings_from_gin(**launch) -> RunConfig:

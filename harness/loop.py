@@ -6,6 +6,10 @@ metrics row and a checkpoint are made; they hand those in, and this loop does
 the rest in the same order for both: log, evaluate and checkpoint on their
 intervals, a complete checkpoint at the end, then the final evaluation into
 `results.json`.
+
+A stop request (a signal) ends the loop between iterations: a complete
+checkpoint, then `shutdown.Stopped`; a launch that has trained nothing since its
+restore stops without writing.
 """
 
 from __future__ import annotations
@@ -60,8 +64,12 @@ def train_to_target(cfg: RunConfig, reporter: Reporter, clock: checkpoints.WallC
   reporter.start_clock(env_steps)
   env_steps = triggers.iterate(hooks.iteration, env_steps, cfg.num_env_steps,
                                interval_triggers, should_stop=lambda: stop.requested)
-  if stop.requested and env_steps < cfg.num_env_steps:
-    hooks.save_checkpoint()
+  if stop.requested:
+    if env_steps == started:
+      shutdown.exit_if_requested(f'at env_steps {env_steps}')  # nothing trained: no write
+    if env_steps < cfg.num_env_steps:
+      hooks.save_checkpoint()  # at the target, the end-of-run trigger has written it
+    # results.json waits for the next launch: its final evaluation can take minutes.
     message = (f'stopped by {stop.reason} at env_steps {env_steps}: checkpoint written; '
                'run the same command to resume')
     logging.info('%s', message)

@@ -10,6 +10,8 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from harness import disk
+
 METRICS_COLUMNS = [
     'train_step', 'env_steps', 'wall_time', 'steps_per_sec', 'loss', 'epsilon',
     'learning_rate', 'replay_size', 'avg_return', 'rss_mb', 'train_traces',
@@ -20,7 +22,11 @@ EVAL_COLUMNS = [
 
 
 class CsvLog:
-  """An append-only CSV file with a fixed header, flushed after every row."""
+  """An append-only CSV file with a fixed header, flushed after every row.
+
+  A failed write (full disk) raises `disk.WriteError`; a row it tore is
+  dropped by `keep_rows_up_to` when the run resumes.
+  """
 
   def __init__(self, path: str, columns: List[str]):
     self.path = path
@@ -28,7 +34,7 @@ class CsvLog:
 
   def append(self, row: Dict[str, object]) -> None:
     new_file = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
-    with open(self.path, 'a', newline='') as f:
+    with disk.writing(self.path), open(self.path, 'a', newline='') as f:
       writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction='ignore')
       if new_file:
         writer.writeheader()
@@ -52,13 +58,14 @@ class CsvLog:
     if len(kept) == len(rows) and not torn:
       return 0
     tmp = self.path + '.tmp'
-    with open(tmp, 'w', newline='') as f:
-      writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction='ignore')
-      writer.writeheader()
-      writer.writerows(kept)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, self.path)
+    with disk.writing(self.path, cleanup=lambda: os.remove(tmp)):
+      with open(tmp, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction='ignore')
+        writer.writeheader()
+        writer.writerows(kept)
+        f.flush()
+        os.fsync(f.fileno())
+      os.replace(tmp, self.path)
     return len(rows) - len(kept)
 
   def rows(self) -> List[Dict[str, str]]:
@@ -117,21 +124,27 @@ class EpisodeStats:
 
 
 class SummaryWriter:
-  """TensorBoard scalars written eagerly from Python (never inside a tf.function)."""
+  """TensorBoard scalars written eagerly from Python (never inside a tf.function).
+
+  A failed write (full disk) raises `disk.WriteError`.
+  """
 
   def __init__(self, logdir: str):
-    self._writer = tf.summary.create_file_writer(logdir)
+    self._logdir = logdir
+    with disk.writing(logdir):
+      self._writer = tf.summary.create_file_writer(logdir)
 
   def scalars(self, step: int, values: Dict[str, Optional[float]]) -> None:
-    with self._writer.as_default():
+    with disk.writing(self._logdir), self._writer.as_default():
       for name, value in values.items():
         if value is not None and np.isfinite(value):
           # numpy values: TF keeps a tensor per distinct Python scalar (RunState.set_env_steps).
           tf.summary.scalar(name, np.float64(value), step=np.int64(step))
-    self._writer.flush()
+      self._writer.flush()
 
   def close(self) -> None:
-    self._writer.close()
+    with disk.writing(self._logdir):
+      self._writer.close()
 
 
 def format_progress(row: Dict[str, object], target: int, eta_s: Optional[float]) -> str:

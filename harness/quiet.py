@@ -174,6 +174,13 @@ def keep_lines(text: str) -> str:
 _NATIVE = _NativeStderr()
 
 
+def stderr_fd() -> int:
+  """The descriptor that reaches the real stderr, even inside `native_stderr()`
+  (a last line written with `os.write` before `os._exit`)."""
+  saved = _NATIVE._saved  # pylint: disable=protected-access
+  return 2 if saved is None else saved
+
+
 @contextlib.contextmanager
 def native_stderr() -> Iterator[None]:
   """Runs a block whose C++ code (Reverb) writes informational lines on stderr:

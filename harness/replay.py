@@ -12,6 +12,7 @@ from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import trajectory as trajectory_lib
 import tree
 
+from harness import disk
 from harness import quiet
 
 TABLE = 'uniform_table'
@@ -54,7 +55,8 @@ def start_server(tables: List[reverb.Table], checkpoint_dir: Optional[str],
   """Starts a Reverb server on a free port; restores from `checkpoint_dir` if any."""
   checkpointer = None
   if checkpoint_dir:
-    os.makedirs(checkpoint_dir, exist_ok=True)
+    with disk.writing(checkpoint_dir):
+      os.makedirs(checkpoint_dir, exist_ok=True)
     checkpointer = reverb.checkpointers.DefaultCheckpointer(path=checkpoint_dir)
   with quiet.native_stderr():  # Reverb's start and restore lines
     server = reverb.Server(tables, port=port, checkpointer=checkpointer)

@@ -15,6 +15,8 @@ import json
 import os
 from typing import Any, Dict, Optional
 
+from harness import disk
+
 RESULTS_FILE = 'results.json'
 
 # The keys every results.json holds (DESIGN.md, "The run directory").
@@ -27,18 +29,22 @@ def results_path(root_dir: str) -> str:
 
 
 def write_results(root_dir: str, results: Dict[str, Any]) -> str:
-  """Writes results.json atomically (temporary file + rename); returns its path."""
+  """Writes results.json atomically (temporary file + rename); returns its path.
+
+  A failed write (full disk) raises `disk.WriteError` and leaves the old file.
+  """
   missing = [k for k in KEYS if k not in results]
   if missing:
     raise ValueError(f'results lack {missing}')
   path = results_path(root_dir)
   tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(results, f, indent=2, sort_keys=True)
-    f.write('\n')
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  with disk.writing(path, cleanup=lambda: os.remove(tmp)):
+    with open(tmp, 'w') as f:
+      json.dump(results, f, indent=2, sort_keys=True)
+      f.write('\n')
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
   return path
 
 

@@ -9,6 +9,7 @@ from absl import logging
 import gin
 
 from harness import checkpoints
+from harness import disk
 from harness import resume
 from harness.parts import AgentParts
 
@@ -36,12 +37,15 @@ class RunDirectory:
 
   def write_launch_files(self, pair_warning: Optional[str]) -> None:
     """The operative config of this launch and, on a resume, its report."""
-    os.makedirs(self.config_dir, exist_ok=True)
     path = os.path.join(self.config_dir, f'operative_config-{self.restored_step}.gin')
-    with open(path, 'w') as f:
-      f.write(self._operative_config)
+    with disk.writing(path):
+      os.makedirs(self.config_dir, exist_ok=True)
+      with open(path, 'w') as f:
+        f.write(self._operative_config)
     if self.checkpointer.restored:
-      report = resume.write_report(self.config_dir, self.restored_step, self._changes,
-                                   self._reapplied, pair_warning)
+      report_path = os.path.join(self.config_dir, f'resume-{self.restored_step}.txt')
+      with disk.writing(report_path):
+        report = resume.write_report(self.config_dir, self.restored_step, self._changes,
+                                     self._reapplied, pair_warning)
       with open(report) as f:
         logging.info('Resume report (%s):\n%s', report, f.read())

@@ -14,6 +14,7 @@ from harness import parts as parts_lib
 from harness import quiet
 from harness import replay
 from harness import reporting
+from harness import shutdown
 from harness.run_dir import RunDirectory
 from harness.settings import RunConfig
 
@@ -46,6 +47,8 @@ def run_single_process(cfg: RunConfig) -> None:
                                              run_state.max_priority, layout.rows_per_item)
   trainer = learn.Trainer(parts.built, layout.make_dataset(address, cfg.batch_size),
                           cfg.train_steps_per_iteration, priorities)
+  stop = shutdown.current()
+  shutdown.exit_if_requested('during start-up')  # before the first write
   run_dir.write_launch_files(pair_warning)
   reporter = reporting.Reporter(cfg, parts, run_dir.restored_step)
   last_loss = [float('nan')]
@@ -78,8 +81,11 @@ def run_single_process(cfg: RunConfig) -> None:
     reporter.exporter.save_current()
 
   # Initial random collect: the first `initial_collect_steps` env steps of a run.
+  # A stop meanwhile ends the launch without a checkpoint: nothing is trained yet.
   with quiet.native_stderr():
-    collector.collect_random(min(cfg.initial_collect_steps, cfg.num_env_steps) - stats.env_steps)
+    collector.collect_random(min(cfg.initial_collect_steps, cfg.num_env_steps) - stats.env_steps,
+                             should_stop=lambda: stop.requested)
+  shutdown.exit_if_requested(f'at env_steps {stats.env_steps}, in the initial random collect')
   run_state.set_env_steps(stats.env_steps)
   hooks = loop.JobHooks(iteration=iteration, metrics_row=metrics_row,
                         save_checkpoint=save_checkpoint, episodes=lambda: stats.episodes)

@@ -7,6 +7,10 @@ adds the traceback and whatever libraries printed meanwhile.
 
 The log (absl, including the progress lines) goes to stdout, so that stderr
 carries problems only.
+
+Exit status: 0 done; 1 a failed write (full disk: one line, the last complete
+checkpoint stays) or a crash; 2 bad input, or ROOT held by another launch;
+143 / 130 stopped by SIGTERM / SIGINT (see `shutdown`).
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ from absl import logging
 import gin
 
 from harness import agents
+from harness import disk
 from harness import envs
 from harness import experiment
 from harness import memory
 from harness import shutdown
 from harness import errors
 from harness.errors import UsageError
+from harness.settings import RunConfig
 import harness
 
 _ROOT_DIR = flags.DEFINE_string('root_dir', None, 'Run directory; an existing run there is resumed.')
@@ -109,13 +115,15 @@ def _gin_value(fn: Callable[..., Any], name: str) -> Any:
 
 
 def check_values(root_dir: Optional[str], job: str, replay_address: Optional[str],
-                 collector_id: int) -> None:
+                 collector_id: int) -> RunConfig:
   """Checks the bound values that would otherwise fail only deep inside the run
-  (with the same checks the run applies: `RunConfig.validate`, `agents.check_settings`)."""
-  experiment.settings_from_gin(root_dir=root_dir, job=job, replay_address=replay_address,
-                               collector_id=collector_id).validate()
+  (with the same checks the run applies: `RunConfig.validate`, `agents.check_settings`);
+  returns the run's settings."""
+  cfg = experiment.settings_from_gin(root_dir=root_dir, job=job, replay_address=replay_address,
+                                     collector_id=collector_id).validate()
   names = inspect.signature(agents.check_settings).parameters
   agents.check_settings(**{name: _gin_value(agents.make_agent, name) for name in names})
+  return cfg
 
 
 def check_env() -> None:
@@ -150,6 +158,10 @@ def check_names(names: Sequence[str]) -> None:
 
 
 def main(argv: List[str]) -> None:
+  # Signals first: a launch stopped while it starts exits with 143/130 too.
+  # The grace is train_eval's default until the bindings are read.
+  shutdown.install_signal_handlers(
+      _gin_value(experiment.train_eval, 'shutdown_grace_seconds'), _PROGRAM)
   if len(argv) > 1:
     raise UsageError(f'unexpected arguments {argv[1:]}: use --flag=value forms')
   if not (_CHECK_ONLY.value and _ROOT_DIR.value is None):
@@ -161,8 +173,11 @@ def main(argv: List[str]) -> None:
   with errors.held_output(replay_on_error=_verbose()):
     parse_gin(_GIN_FILE.value, _GIN_BINDINGS.value)
     check_names(_CHECK_NAMES.value)
-    check_values(_ROOT_DIR.value, _JOB.value, _REPLAY_ADDRESS.value, _COLLECTOR_ID.value)
+    cfg = check_values(_ROOT_DIR.value, _JOB.value, _REPLAY_ADDRESS.value,
+                       _COLLECTOR_ID.value)
     check_env()
+  shutdown.install_signal_handlers(cfg.shutdown_grace_seconds, _PROGRAM)
+  shutdown.exit_if_requested('during start-up')
   if _CHECK_ONLY.value:
     return
   memory.configure_allocator()
@@ -181,6 +196,9 @@ def _main_with_clean_errors(argv: List[str]) -> None:
     errors.report(_PROGRAM, e, _verbose())
     sys.exit(UsageError.exit_code)
   except shutdown.Stopped as e:
+    sys.exit(e.exit_code)
+  except disk.WriteError as e:
+    errors.report(_PROGRAM, e, _verbose())
     sys.exit(e.exit_code)
 
 

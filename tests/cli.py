@@ -23,6 +23,8 @@ TINY_BINDINGS = [
     'train_eval.num_envs=1',
     'train_eval.collect_steps_per_iteration=1',
     'train_eval.train_steps_per_iteration=1',
+    # A constant learning rate, so the metrics' learning_rate column is exact.
+    'make_agent.learning_rate_decay_steps=0',
 ]
 
 

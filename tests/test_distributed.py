@@ -1,24 +1,33 @@
-"""A distributed run on localhost with real processes: replay server, collectors, learner."""
+"""`harness-launch` on embedded Ray: replay server, collectors and learner as actors.
+
+Real runs in a subprocess, as a user starts them. One launch shows the faults
+and the clean stop (a killed collector and a killed replay server come back,
+Ctrl-C stops everything with a checkpoint); a second launch on the same ROOT
+resumes from that checkpoint and reaches its target. Timings are never asserted.
+"""
 
 import csv
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
 import psutil
+import pytest
 
 from tests.cli import CARTPOLE_GIN, REPO
 
 BINDINGS = [
-    'train_eval.num_env_steps=2500',
     'train_eval.initial_collect_steps=300',
     'train_eval.replay_capacity=5000',
     'train_eval.batch_size=32',
     'train_eval.log_interval=250',
     'train_eval.eval_interval=1250',
     'train_eval.eval_episodes=2',
+    'train_eval.final_eval_episodes=2',
     'train_eval.checkpoint_interval=500',
     'make_agent.fc_layer_params=(16,)',
     'Distributed.pull_interval_steps=100',
@@ -27,87 +36,185 @@ BINDINGS = [
     'train_eval.collect_steps_per_iteration=1',
     'train_eval.train_steps_per_iteration=1',
 ]
+JOBS = ('replay-0', 'learner-0', 'collector-0', 'collector-1')
+# Far beyond what the first launch reaches before the test stops it.
+FIRST_TARGET = 1_000_000
 
 
-def _launch(root):
-  cmd = [sys.executable, os.path.join(REPO, 'scripts', 'launch_local.py'), f'--root_dir={root}',
-         f'--gin_file={CARTPOLE_GIN}', '--num_collectors=2']
-  cmd += [f'--gin_bindings={b}' for b in BINDINGS]
-  return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+class Launch:
+  """`harness-launch` in a session of its own (so a signal to its group is a
+  terminal's Ctrl-C), its output in files."""
+
+  def __init__(self, root, tmp_path, target, name):
+    self.root = root
+    self.out_path, self.err_path = tmp_path / f'{name}.out', tmp_path / f'{name}.err'
+    cmd = [sys.executable, '-m', 'harness.launch', f'--root_dir={root}',
+           f'--gin_file={CARTPOLE_GIN}', '--num_collectors=2']
+    cmd += [f'--gin_bindings={b}' for b in BINDINGS + [f'train_eval.num_env_steps={target}']]
+    with open(self.out_path, 'w') as out, open(self.err_path, 'w') as err:
+      self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, text=True,
+                                   start_new_session=True)
+
+  def output(self):
+    return self.out_path.read_text() + '\n--- stderr ---\n' + self.err_path.read_text()
+
+  def wait(self, timeout=600):
+    self.proc.wait(timeout)
+    return self.proc.returncode
+
+  def kill(self):
+    """Ends the whole launch (a failed test must not leave it running)."""
+    if self.proc.poll() is None:
+      os.killpg(self.proc.pid, signal.SIGKILL)
+      self.proc.wait()
+
+  def processes(self):
+    """The launch's process tree now: Ray's processes and the jobs' workers."""
+    return psutil.Process(self.proc.pid).children(recursive=True)
 
 
-def _job(launcher, flag, timeout=240):
-  """The child process of the launcher whose command line has `flag`."""
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    for child in psutil.Process(launcher.pid).children():
-      try:
-        if flag in child.cmdline():
-          return child
-      except psutil.NoSuchProcess:
-        pass
-    time.sleep(0.2)
-  raise AssertionError(f'no job with {flag}')
+def _record(root, name):
+  try:
+    with open(os.path.join(root, 'jobs', f'{name}.json')) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
 
 
 def _rows(path):
+  if not os.path.exists(path):
+    return []
   with open(path, newline='') as f:
     return list(csv.DictReader(f))
 
 
-def _wait_for(predicate, timeout=240):
+def _metrics(root):
+  return _rows(os.path.join(root, 'metrics.csv'))
+
+
+def _collector_rows(root, i):
+  return _rows(os.path.join(root, 'collectors', f'collector-{i}.csv'))
+
+
+def _wait_for(predicate, launch, what, timeout=500):
   deadline = time.time() + timeout
   while not predicate():
-    assert time.time() < deadline, 'timed out'
+    assert launch.proc.poll() is None, f'launch ended while waiting for {what}:\n' + (
+        launch.output()[-3000:])
+    assert time.time() < deadline, f'timed out waiting for {what}:\n' + launch.output()[-3000:]
     time.sleep(0.5)
 
 
-def _finish(launcher):
-  output, _ = launcher.communicate(timeout=600)
-  return launcher.returncode, output
+def _kill_and_wait_for_restart(launch, name):
+  """SIGKILLs the job's process (pid from its json) and waits for Ray's restart."""
+  before = _record(launch.root, name)
+  os.kill(before['pid'], signal.SIGKILL)
+  _wait_for(lambda: (_record(launch.root, name) or {}).get('restarts') == 1, launch,
+            f'{name} restarted')
+  after = _record(launch.root, name)
+  assert after['pid'] != before['pid'] and psutil.pid_exists(after['pid'])
+  return time.time()
 
 
-def _metrics_rows(root):
-  path = os.path.join(root, 'metrics.csv')
-  return _rows(path) if os.path.exists(path) else []
+def _alive(processes):
+  alive = []
+  for p in processes:
+    try:
+      if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+        alive.append(f'{p.pid} {p.name()}')
+    except psutil.NoSuchProcess:
+      pass
+  return alive
 
 
-def test_collectors_feed_the_learner_and_a_killed_collector_rejoins(tmp_path):
+# Two launches of four TensorFlow processes each: generous on a busy machine.
+@pytest.mark.timeout(1200)
+def test_launch_survives_kills_stops_on_ctrl_c_and_resumes_to_its_target(tmp_path):
+  launches = []
+  try:
+    _check_launches(tmp_path, launches)
+  finally:
+    for launch in launches:
+      launch.kill()
+
+
+def _check_launches(tmp_path, launches):
   root = str(tmp_path / 'run')
-  launcher = _launch(root)
-  _wait_for(lambda: len(_metrics_rows(root)) >= 2)  # the learner is training
-  _job(launcher, '--collector_id=1').send_signal(signal.SIGKILL)
-  code, output = _finish(launcher)
-  assert code == 0, output[-3000:]
-  assert 'collector-1 exited with -9; restart 1' in output
-  assert int(_metrics_rows(root)[-1]['env_steps']) == 2500
-  for i in (0, 1):
-    rows = _rows(os.path.join(root, 'collectors', f'collector-{i}.csv'))
-    env_steps = [int(r['env_steps']) for r in rows]
-    policy_steps = [int(r['policy_train_step']) for r in rows]
-    assert max(env_steps) > 0
-    assert max(policy_steps) > 0 and len(set(policy_steps)) > 2, 'weights never moved'
-  for name in ('replay', 'learner', 'collector-0', 'collector-1'):
-    assert os.path.getsize(os.path.join(root, 'logs', f'{name}.log')) > 0
 
+  # --- First launch: faults, then Ctrl-C -----------------------------------
+  launch = Launch(root, tmp_path, FIRST_TARGET, 'first')
+  launches.append(launch)
+  _wait_for(lambda: all(_record(root, j) for j in JOBS) and len(_metrics(root)) >= 2,
+            launch, 'all jobs and two metrics rows')
+  for name in JOBS:
+    record = _record(root, name)
+    assert {'pid', 'host', 'started', 'restarts'} <= set(record), record
+    assert record['restarts'] == 0 and psutil.pid_exists(record['pid'])
 
-def test_replay_server_restarted_mid_run_and_the_run_completes(tmp_path):
-  root = str(tmp_path / 'run')
-  launcher = _launch(root)
-  # After the first paired checkpoint the restarted server resumes from it.
+  # A killed collector is restarted by Ray and collects again.
+  restarted_at = _kill_and_wait_for_restart(launch, 'collector-1')
+  _wait_for(lambda: any(float(r['wall_time']) > restarted_at
+                        for r in _collector_rows(root, 1)), launch, 'collector-1 rows again')
+
+  # A killed replay server is restarted from its checkpoint; training goes on.
   _wait_for(lambda: os.path.isdir(os.path.join(root, 'replay')) and any(
       os.path.exists(os.path.join(root, 'replay', d, 'DONE'))
-      for d in os.listdir(os.path.join(root, 'replay'))))
-  _job(launcher, '--job=replay').send_signal(signal.SIGKILL)
-  killed_at = time.time()
-  code, output = _finish(launcher)
+      for d in os.listdir(os.path.join(root, 'replay'))), launch, 'a replay checkpoint')
+  replay_killed_at = _kill_and_wait_for_restart(launch, 'replay-0')
+  with open(os.path.join(root, 'logs', 'replay-0.log')) as f:
+    restored = re.findall(r'(\d+) replay items restored', f.read())
+  assert len(restored) == 2 and int(restored[-1]) > 0, restored
+  _wait_for(lambda: sum(float(r['wall_time']) > replay_killed_at for r in _metrics(root)) >= 2,
+            launch, 'metrics rows after the replay restart')
+
+  # Ctrl-C (SIGINT to the terminal's process group): the learner checkpoints,
+  # every job stops, nothing is left running.
+  processes = launch.processes()
+  job_pids = [_record(root, j)['pid'] for j in JOBS]
+  assert any('raylet' in p.name() for p in processes), [p.name() for p in processes]
+  os.killpg(launch.proc.pid, signal.SIGINT)
+  code = launch.wait()
+  output = launch.output()
+  assert code == 130, output[-3000:]
+  assert 'checkpoint written' in output, output[-3000:]
+  left = _alive(processes + [psutil.Process(pid) for pid in job_pids if psutil.pid_exists(pid)])
+  assert not left, f'left running: {left}'
+  assert launch.err_path.read_text() == '', 'stderr is for problems only'
+  for line in launch.out_path.read_text().splitlines():
+    assert 'harness-launch:' in line, f'a line that is not ours: {line!r}'
+  stopped_at = int(_metrics(root)[-1]['env_steps'])
+
+  # --- Second launch: resumes from the Ctrl-C checkpoint to its target -------
+  target = stopped_at + 750
+  launch = Launch(root, tmp_path, target, 'second')
+  launches.append(launch)
+  code = launch.wait()
+  output = launch.output()
   assert code == 0, output[-3000:]
-  assert 'replay exited with -9; restart 1' in output
-  rows = _metrics_rows(root)
-  assert int(rows[-1]['env_steps']) == 2500
-  # The learner kept training through the restart (Reverb's client retries, ours backs off).
-  assert sum(float(r['wall_time']) > killed_at for r in rows) >= 2
+  assert int(_metrics(root)[-1]['env_steps']) == target
+  with open(os.path.join(root, 'logs', 'learner-0.log')) as f:
+    assert re.search(r'Resumed from .* at train_step \d+', f.read())
+  for i in (0, 1):
+    rows = _collector_rows(root, i)
+    assert max(int(r['env_steps']) for r in rows) > 0
+    policy_steps = [int(r['policy_train_step']) for r in rows]
+    assert max(policy_steps) > 0 and len(set(policy_steps)) > 2, 'weights never moved'
+  for name in JOBS:
+    record = _record(root, name)
+    assert record['restarts'] == 0 and not psutil.pid_exists(record['pid']), record
+
+
+def test_bad_input_exits_2_and_touches_nothing(tmp_path):
+  root = tmp_path / 'run'
+  cmd = [sys.executable, '-m', 'harness.launch', f'--root_dir={root}',
+         f'--gin_file={CARTPOLE_GIN}', '--gin_bindings=train_eval.num_env_step=5']
+  result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "harness-launch: error: unknown gin binding 'train_eval.num_env_step' (in --gin_bindings "
+      "\"train_eval.num_env_step=5\"): did you mean 'train_eval.num_env_steps', "
+      "'train_eval.num_envs'?"]
+  assert not root.exists()
 
 
 def test_collector_that_cannot_reach_the_server_exits_2(tmp_path):

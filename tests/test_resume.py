@@ -29,6 +29,7 @@ BASE = [
     'train_eval.num_envs=1',
     'train_eval.collect_steps_per_iteration=1',
     'train_eval.train_steps_per_iteration=1',
+    'make_agent.learning_rate_decay_steps=0',  # constant, so each launch's rate is exact
 ]
 FIRST = BASE + ['make_agent.epsilon_greedy=0.9', 'make_agent.learning_rate=1e-3',
                 'train_eval.num_env_steps=2000']

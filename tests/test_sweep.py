@@ -473,7 +473,7 @@ def test_bad_value_fails_only_its_trials(killed_sweep):
   rows = {r['trial_id']: r for r in read_rows(root, 'trials.csv')}
   bad = rows['learning_rate=-1e-3,seed=0']
   assert bad['status'] == 'failed'
-  assert bad['error'] == 'make_agent.learning_rate=-0.001 must be positive, e.g. 1e-3'
+  assert bad['error'] == 'make_agent.learning_rate=-0.001 must be a positive number, e.g. 1e-3'
   assert bad['failures'] == '2'  # failed on the first launch, retried once on the second
   assert rows['learning_rate=1e-3,seed=0']['status'] == 'done'
   assert 'failed: learning_rate=-1e-3 seed=0: make_agent.learning_rate=-0.001' in result.stdout

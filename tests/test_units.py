@@ -7,10 +7,12 @@ lives in the other files.
 
 import dataclasses
 import json
+import re
 
 import gin
 import pytest
 
+from harness import actors
 from harness import agents
 from harness import distributed
 from harness import errors
@@ -19,7 +21,7 @@ from harness import results
 from harness import resume
 from harness import triggers
 from harness.errors import UsageError
-from harness.settings import RunConfig
+from harness.settings import Distributed, RunConfig
 
 
 def _config(**overrides) -> RunConfig:
@@ -136,6 +138,37 @@ def test_rate_limiter_holds_the_replay_ratio_whatever_the_grouping(rows_per_item
   assert samples_per_insert == pytest.approx(items_sampled_per_item)
   assert min_items == 1000 // rows_per_item
   assert error_buffer == pytest.approx(500 * samples_per_insert)
+
+
+# --- distributed launch ---------------------------------------------------------
+
+def test_default_job_resources_fit_two_cores():
+  need = actors.required_resources(Distributed(), num_collectors=2, eval_job=True)
+  assert need['CPU'] <= 2 and need['GPU'] == 0
+
+
+@pytest.mark.parametrize('field,value,words', [
+    ('learner_cpus', -1, 'Distributed.learner_cpus=-1 must be a number >= 0'),
+    ('learner_gpus', 'one', 'Distributed.learner_gpus'),
+    ('max_restarts', -2, 'Distributed.max_restarts=-2'),
+    ('replay_port', 70000, 'Distributed.replay_port=70000')])
+def test_bad_launch_settings_name_the_binding(field, value, words):
+  with pytest.raises(UsageError, match=re.escape(words)):
+    dataclasses.replace(Distributed(), **{field: value}).validate()
+
+
+def test_jobs_find_the_server_again_on_every_try_and_name_the_fix():
+  tries = []
+
+  def find():
+    tries.append(1)
+    raise ConnectionError('no replay actor')
+
+  locator = distributed.ReplayLocator(find, 'the replay job did not come back')
+  with pytest.raises(UsageError, match='the replay job did not come back, or raise '
+                     'Distributed.max_unreachable_seconds'):
+    distributed.wait_for_server(locator, limit_s=0.5)
+  assert len(tries) >= 2
 
 
 # --- results.json ---------------------------------------------------------------

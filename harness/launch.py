@@ -1,0 +1,258 @@
+"""`harness-launch`: a distributed run on Ray (`python -m harness.launch` is the same).
+
+  harness-launch --root_dir=R --gin_file=F [--gin_bindings=B ...] --num_collectors=N
+                 [--eval_job] [--ray_address=auto|host:port]
+
+The replay server, N collectors, the learner and (with --eval_job) an eval
+job run as Ray actors, each in a worker process of its own (harness/actors.py;
+harness/ray_launch.py takes them from start to a clean stop).
+Without --ray_address Ray runs embedded on this machine, bound to localhost,
+and stops with the launch; with it the actors spread over that cluster, which
+keeps running afterwards (the launch only disconnects).
+
+The input is checked first, by `harness-train --check_only` in a child
+process: the same checks and messages as harness-train, and this process stays
+a light Ray driver (no TensorFlow) for the length of the run. Bad input ends
+with one line on stderr and exit status 2, before Ray starts and before
+anything in ROOT is touched; a refused resume (the learner opens ROOT before
+any other job starts) too.
+
+Ray restarts a job whose process dies (`Distributed.max_restarts`). The launch
+waits for the learner to reach its target, then stops the other jobs. SIGINT
+(Ctrl-C) or SIGTERM asks the learner to write a checkpoint and stop, then
+stops every job; a second one stops at once.
+
+Exit status: 0 the learner reached its target; 1 a job failed for good (or the
+stop did not complete); 2 bad input; 130 (SIGINT) or 143 (SIGTERM) stopped
+cleanly, the learner's checkpoint written: the same command resumes.
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+import os
+import re
+import subprocess
+import sys
+import uuid
+from typing import Any, Dict, List, Optional, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import gin
+import psutil
+
+from harness import actors
+from harness import errors
+from harness import ray_launch
+from harness import settings as settings_lib
+from harness.errors import UsageError
+
+_ROOT_DIR = flags.DEFINE_string('root_dir', None, 'Run directory; an existing run there is resumed.')
+_GIN_FILE = flags.DEFINE_multi_string('gin_file', [], 'Gin files, applied in order.')
+_GIN_BINDINGS = flags.DEFINE_multi_string(
+    'gin_bindings', [], 'Gin bindings, applied after the files (so they win).')
+_NUM_COLLECTORS = flags.DEFINE_integer('num_collectors', 2, 'Collector jobs (each a Ray actor).')
+_EVAL_JOB = flags.DEFINE_bool(
+    'eval_job', False, 'Evaluate in a job of its own (Distributed.eval_in_learner=False).')
+_RAY_ADDRESS = flags.DEFINE_string(
+    'ray_address', None, 'A running Ray cluster: `auto` (the one `ray start` started on this '
+    'host) or host:port of its head. Without it Ray runs embedded on this machine.')
+
+_PROGRAM = ray_launch.PROGRAM
+# ray.shutdown() returns before all of its processes have exited.
+_RAY_EXIT_WAIT_S = 30.0
+_ADDRESS = re.compile(r'^(auto|[^\s:/]+:\d+)$')
+
+
+def check_flags(num_collectors: int, ray_address: Optional[str]) -> None:
+  if num_collectors < 1:
+    raise UsageError(f'--num_collectors={num_collectors} must be at least 1')
+  if ray_address is not None and not _ADDRESS.match(ray_address):
+    raise UsageError(f'--ray_address={ray_address!r} must be `auto` or host:port of a Ray '
+                     'head (the address `ray start --head` prints)')
+
+
+def check_config(root_dir: Optional[str], gin_files: Sequence[str],
+                 gin_bindings: Sequence[str], verbose: bool) -> None:
+  """`harness-train --check_only` on the same input: raises its error line as a `UsageError`."""
+  cmd = [sys.executable, '-m', 'harness.train', '--check_only']
+  cmd += [f'--root_dir={root_dir}'] if root_dir is not None else []
+  cmd += [f'--gin_file={f}' for f in gin_files] + [f'--gin_bindings={b}' for b in gin_bindings]
+  cmd += ['--verbosity=1'] if verbose else []
+  result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if result.returncode == 0:
+    return
+  if verbose:
+    sys.stderr.write(result.stderr)
+  lines = result.stderr.strip().splitlines() or [f'exit status {result.returncode}']
+  message = lines[-1].split(': error: ', 1)[-1]
+  if result.returncode == UsageError.exit_code:
+    raise UsageError(message)
+  raise ray_launch.LaunchError(f'checking the input failed ({message})')
+
+
+def read_distributed(gin_files: Sequence[str], gin_bindings: Sequence[str]):
+  """The launch's `Distributed` settings, validated.
+
+  gin parses the (already checked) files here too, skipping every configurable
+  but `Distributed`, which harness/settings.py registers without TensorFlow.
+  """
+  gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), skip_unknown=True)
+  return settings_lib.Distributed().validate()
+
+
+def _quiet_ray() -> None:
+  """Keeps Ray's own lines off the terminal: the launch prints its own.
+
+  `log_to_driver=False` keeps the actors' output away, but Ray 2.40 still
+  prints worker-death notices from its error channel straight to stdout, with
+  no setting to turn that off; they go to our log at DEBUG level instead (the
+  launch reports restarts itself, from the jobs' files).
+  """
+  import ray._private.worker as ray_worker  # pylint: disable=g-import-not-at-top
+
+  def to_debug_log(data: Dict[str, Any], ignore_prefix: bool = False) -> None:
+    del ignore_prefix
+    for line in data.get('lines', []):
+      logging.debug('ray (%s): %s', data.get('pid'), line)
+
+  if hasattr(ray_worker, 'print_to_stdstream'):
+    ray_worker.print_to_stdstream = to_debug_log
+
+
+def start_ray(ray_address: Optional[str]) -> None:
+  """Starts embedded Ray (localhost, no dashboard) or connects to a cluster."""
+  import ray  # pylint: disable=g-import-not-at-top
+  options = dict(include_dashboard=False, log_to_driver=False,
+                 logging_level=std_logging.WARNING)
+  try:
+    if ray_address is None:
+      # RAY_ADDRESS would win over address='local' and join some other cluster.
+      os.environ.pop('RAY_ADDRESS', None)
+      ray.init(address='local', _node_ip_address='127.0.0.1', **options)
+    else:
+      ray.init(address=ray_address, **options)
+  except ConnectionError as e:
+    raise UsageError(f'cannot connect to the Ray cluster at --ray_address={ray_address} '
+                     f'({errors.first_line(e)}): start it with `ray start --head`, or drop '
+                     '--ray_address to run on this machine') from e
+  _quiet_ray()
+
+
+def check_resources(settings, num_collectors: int, eval_job: bool, embedded: bool) -> None:
+  """Refuses (embedded) or warns about (cluster) jobs that ask Ray for more than it has."""
+  import ray  # pylint: disable=g-import-not-at-top
+  need = actors.required_resources(settings, num_collectors, eval_job)
+  have = ray.cluster_resources()
+  for name, needed in need.items():
+    if needed <= have.get(name, 0.0) + 1e-9:
+      continue
+    message = (f'the jobs ask Ray for {needed:g} {name}s (Distributed.replay_cpus, '
+               'collector_cpus x --num_collectors, learner_cpus, eval_cpus, learner_gpus) '
+               f'but Ray has {have.get(name, 0.0):g}')
+    if embedded:
+      raise UsageError(f'{message}: lower those settings or --num_collectors')
+    logging.warning('%s: %s; the jobs wait until the cluster has room', _PROGRAM, message)
+
+
+def _ray_processes() -> List[psutil.Process]:
+  """This process's children and their children: Ray's processes and the jobs' workers."""
+  try:
+    return psutil.Process().children(recursive=True)
+  except psutil.Error:
+    return []
+
+
+def _wait_for_exit(processes: Sequence[psutil.Process]) -> None:
+  """Waits until Ray's processes of an embedded launch have exited.
+
+  `ray.shutdown()` returns while some are still on their way out (seen: the
+  autoscaler monitor); the launch ends only when nothing of it runs. Any left
+  after `_RAY_EXIT_WAIT_S` is killed, and named in the log.
+  """
+  _, alive = psutil.wait_procs(processes, timeout=_RAY_EXIT_WAIT_S)
+  for process in alive:
+    try:
+      logging.warning('%s: killing %s (pid %d), left running by Ray', _PROGRAM,
+                      process.name(), process.pid)
+      process.kill()
+    except psutil.Error:
+      pass
+  psutil.wait_procs(alive, timeout=5)
+
+
+def main(argv: List[str]) -> int:
+  if len(argv) > 1:
+    raise UsageError(f'unexpected arguments {argv[1:]}: use --flag=value forms')
+  check_flags(_NUM_COLLECTORS.value, _RAY_ADDRESS.value)
+  verbose = _verbose()
+  if _ROOT_DIR.value is None:
+    raise UsageError('--root_dir is required: e.g. --root_dir=runs/dist')
+  signals = ray_launch.Signals()
+  signals.install()
+  try:
+    check_config(_ROOT_DIR.value, _GIN_FILE.value, _GIN_BINDINGS.value, verbose)
+  finally:
+    if signals.signum:  # Ctrl-C while checking (the check got it too): nothing started yet
+      return signals.exit_code  # pylint: disable=lost-exception
+  gin_files = tuple(os.path.abspath(f) for f in _GIN_FILE.value)
+  bindings = tuple(_GIN_BINDINGS.value) + (
+      ('Distributed.eval_in_learner=False',) if _EVAL_JOB.value else ())
+  settings = read_distributed(gin_files, bindings)
+  spec = actors.JobSpec(root_dir=os.path.abspath(_ROOT_DIR.value), gin_files=gin_files,
+                        gin_bindings=bindings, launch_id=uuid.uuid4().hex[:12], verbose=verbose)
+  embedded = _RAY_ADDRESS.value is None
+  import ray  # pylint: disable=g-import-not-at-top
+  start_ray(_RAY_ADDRESS.value)
+  signals.install()  # again: ray.init installs a SIGTERM handler of its own
+  try:
+    logging.info('%s: Ray %s (%s); run directory %s', _PROGRAM,
+                 'embedded on this machine' if embedded else f'cluster at {_RAY_ADDRESS.value}',
+                 ', '.join(f'{v:g} {k}' for k, v in sorted(ray.cluster_resources().items())
+                           if k in ('CPU', 'GPU')), spec.root_dir)
+    check_resources(settings, _NUM_COLLECTORS.value, _EVAL_JOB.value, embedded)
+    code = ray_launch.Launch(spec, settings, _NUM_COLLECTORS.value, _EVAL_JOB.value, signals,
+                  embedded).run()
+  finally:
+    processes = _ray_processes() if embedded else []
+    ray.shutdown()  # embedded: stops Ray and every job; a cluster: disconnects only
+    _wait_for_exit(processes)
+  logging.info('%s: exit status %d', _PROGRAM, code)
+  return code
+
+
+def _verbose() -> bool:
+  return logging.get_verbosity() >= logging.DEBUG
+
+
+def _main_with_clean_errors(argv: List[str]) -> None:
+  errors.log_to_stdout()
+  try:
+    code = main(argv)
+  except UsageError as e:
+    errors.report(_PROGRAM, e, _verbose())
+    sys.exit(UsageError.exit_code)
+  except ray_launch.LaunchError as e:
+    errors.report(_PROGRAM, e, _verbose())
+    sys.exit(1)
+  sys.exit(code)
+
+
+def _parse_flags(argv: List[str]) -> List[str]:
+  """absl's flag parsing, with a bad flag reported as one line and status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'{_PROGRAM}: error: {e}; see {_PROGRAM} --helpfull', file=sys.stderr)
+    sys.exit(UsageError.exit_code)
+
+
+def run() -> None:
+  """Console-script entry point."""
+  app.run(_main_with_clean_errors, flags_parser=_parse_flags)
+
+
+if __name__ == '__main__':
+  run()

@@ -1,0 +1,67 @@
+"""Aggregate env steps per second of `harness-launch` with 1, 2, ... collectors.
+
+Usage:
+  python scripts/bench_launch.py [--collectors 1 2] [--steps 15000] [--out_dir runs/bench_launch]
+
+Each run: `harness-launch --gin_file=gin/ddqn_cartpole.gin --num_collectors=N` on embedded Ray,
+`train_eval.num_env_steps=STEPS`, evaluation off (an eval interval past the target, two final
+episodes). Start-up is excluded: a collector's rate runs from its first row acting with the
+learner's weights (`policy_train_step` > 0) to its last row, and the aggregate is the sum over
+the collectors. The learner's train steps/s come from metrics.csv (first row to last row).
+"""
+
+import argparse
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rows(path):
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _rate(rows, x, t='wall_time'):
+  return (float(rows[-1][x]) - float(rows[0][x])) / (float(rows[-1][t]) - float(rows[0][t]))
+
+
+def collector_rate(path):
+  rows = [r for r in _rows(path) if int(r['policy_train_step']) > 0]
+  return _rate(rows, 'env_steps') if len(rows) >= 2 else float('nan')
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--collectors', type=int, nargs='+', default=[1, 2])
+  parser.add_argument('--steps', type=int, default=15_000)
+  parser.add_argument('--out_dir', default=os.path.join(REPO, 'runs', 'bench_launch'))
+  args = parser.parse_args()
+  print(f'load average before: {os.getloadavg()}', flush=True)
+  for n in args.collectors:
+    root = os.path.join(args.out_dir, f'collectors-{n}')
+    shutil.rmtree(root, ignore_errors=True)
+    cmd = [sys.executable, '-m', 'harness.launch', f'--root_dir={root}',
+           '--gin_file=gin/ddqn_cartpole.gin', f'--num_collectors={n}',
+           f'--gin_bindings=train_eval.num_env_steps={args.steps}',
+           f'--gin_bindings=train_eval.eval_interval={10 * args.steps}',
+           '--gin_bindings=train_eval.final_eval_episodes=2']
+    start = time.time()
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, f'collectors-{n}.log'), 'w') as log:
+      subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=True)
+    wall = time.time() - start
+    rates = [collector_rate(os.path.join(root, 'collectors', f'collector-{i}.csv'))
+             for i in range(n)]
+    learner = _rate(_rows(os.path.join(root, 'metrics.csv')), 'train_step')
+    print(f'collectors {n}: aggregate {sum(rates):.0f} env steps/s '
+          f'({", ".join(f"{r:.0f}" for r in rates)}), learner {learner:.0f} train steps/s, '
+          f'wall {wall:.0f} s, load average after {os.getloadavg()[0]:.1f}', flush=True)
+
+
+if __name__ == '__main__':
+  main()
