@@ -49,9 +49,11 @@ def report(program: str, error: BaseException, verbose: bool) -> None:
   print(f'{program}: error: {first_line(error)}', file=sys.stderr, flush=True)
 
 
-def run_app(program: str, main: Callable[[List[str]], None]) -> None:
-  """`absl.app.run(main)`, with the log on stdout and a UsageError as one line, exit 2."""
+def run_app(program: str, main: Callable[[List[str]], None], command=None) -> None:
+  """`absl.app.run(main)`, with the log on stdout and a UsageError as one line, exit 2;
+  with `command` (a `cli.Command`), `--help` lists the command's own flags."""
   from absl import app, logging  # pylint: disable=g-import-not-at-top
+  from harness import cli  # pylint: disable=g-import-not-at-top
 
   def main_with_clean_errors(argv: List[str]) -> None:
     log_to_stdout()
@@ -61,7 +63,8 @@ def run_app(program: str, main: Callable[[List[str]], None]) -> None:
       report(program, e, logging.get_verbosity() >= logging.DEBUG)
       sys.exit(UsageError.exit_code)
 
-  app.run(main_with_clean_errors)
+  app.run(main_with_clean_errors,
+          flags_parser=cli.flags_parser(command) if command else cli.plain_flags_parser(program))
 
 
 def log_to_stdout() -> None:
