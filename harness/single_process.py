@@ -45,8 +45,9 @@ def run_single_process(cfg: RunConfig) -> None:
   per = parts_lib.prioritized_settings(cfg)
   priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, train_step,
                                              run_state.max_priority, layout.rows_per_item)
-  trainer = learn.Trainer(parts.built, layout.make_dataset(address, cfg.batch_size),
-                          cfg.train_steps_per_iteration, priorities)
+  with quiet.native_stderr():  # Reverb's line on the in-process sampler
+    trainer = learn.Trainer(parts.built, layout.make_dataset(address, cfg.batch_size),
+                            cfg.train_steps_per_iteration, priorities)
   stop = shutdown.current()
   shutdown.exit_if_requested('during start-up')  # before the first write
   run_dir.write_launch_files(pair_warning)
