@@ -257,8 +257,10 @@ def make_agent(time_step_spec: ts.TimeStep,
                      conv_layer_params, dueling)
   epsilon = LinearSchedule(env_steps, epsilon_greedy, epsilon_start, epsilon_decay_steps,
                            name='epsilon_schedule')
+  # No final rate, or no decay steps: a constant rate (end == start).
+  constant = learning_rate_final is None or learning_rate_decay_steps == 0
   learning_rate_schedule = LinearSchedule(
-      env_steps, learning_rate if learning_rate_final is None else learning_rate_final,
+      env_steps, learning_rate if constant else learning_rate_final,
       learning_rate, learning_rate_decay_steps, name='learning_rate_schedule')
   optimizer = tf.keras.optimizers.Adam(learning_rate=learning_rate, epsilon=adam_epsilon)
   agent = dqn_agent.DdqnAgent(

@@ -29,24 +29,23 @@ cleanly, the learner's checkpoint written: the same command resumes.
 
 from __future__ import annotations
 
-import logging as std_logging
 import os
 import re
 import subprocess
 import sys
 import uuid
-from typing import Any, Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
 import gin
-import psutil
 
 from harness import actors
 from harness import cli
 from harness import errors
 from harness import ray_launch
+from harness import ray_runtime
 from harness import settings as settings_lib
 from harness.errors import UsageError
 
@@ -62,8 +61,6 @@ _RAY_ADDRESS = flags.DEFINE_string(
     'host) or host:port of its head. Without it Ray runs embedded on this machine.')
 
 _PROGRAM = ray_launch.PROGRAM
-# ray.shutdown() returns before all of its processes have exited.
-_RAY_EXIT_WAIT_S = 30.0
 _ADDRESS = re.compile(r'^(auto|[^\s:/]+:\d+)$')
 
 
@@ -104,42 +101,11 @@ def read_distributed(gin_files: Sequence[str], gin_bindings: Sequence[str]):
   return settings_lib.Distributed().validate()
 
 
-def _quiet_ray() -> None:
-  """Keeps Ray's own lines off the terminal: the launch prints its own.
-
-  `log_to_driver=False` keeps the actors' output away, but Ray 2.40 still
-  prints worker-death notices from its error channel straight to stdout, with
-  no setting to turn that off; they go to our log at DEBUG level instead (the
-  launch reports restarts itself, from the jobs' files).
-  """
-  import ray._private.worker as ray_worker  # pylint: disable=g-import-not-at-top
-
-  def to_debug_log(data: Dict[str, Any], ignore_prefix: bool = False) -> None:
-    del ignore_prefix
-    for line in data.get('lines', []):
-      logging.debug('ray (%s): %s', data.get('pid'), line)
-
-  if hasattr(ray_worker, 'print_to_stdstream'):
-    ray_worker.print_to_stdstream = to_debug_log
-
-
 def start_ray(ray_address: Optional[str]) -> None:
-  """Starts embedded Ray (localhost, no dashboard) or connects to a cluster."""
-  import ray  # pylint: disable=g-import-not-at-top
-  options = dict(include_dashboard=False, log_to_driver=False,
-                 logging_level=std_logging.WARNING)
-  try:
-    if ray_address is None:
-      # RAY_ADDRESS would win over address='local' and join some other cluster.
-      os.environ.pop('RAY_ADDRESS', None)
-      ray.init(address='local', _node_ip_address='127.0.0.1', **options)
-    else:
-      ray.init(address=ray_address, **options)
-  except ConnectionError as e:
-    raise UsageError(f'cannot connect to the Ray cluster at --ray_address={ray_address} '
-                     f'({errors.first_line(e)}): start it with `ray start --head`, or drop '
-                     '--ray_address to run on this machine') from e
-  _quiet_ray()
+  """Starts embedded Ray (localhost, no dashboard) or connects to a cluster;
+  Ray's warnings reach our log, its other records only with --verbosity=1."""
+  ray_runtime.route_library_logs(ray_runtime.ToAbslLog(), names=('ray',))
+  ray_runtime.start(ray_address)
 
 
 def check_resources(settings, num_collectors: int, eval_job: bool, embedded: bool) -> None:
@@ -156,32 +122,6 @@ def check_resources(settings, num_collectors: int, eval_job: bool, embedded: boo
     if embedded:
       raise UsageError(f'{message}: lower those settings or --num_collectors')
     logging.warning('%s: %s; the jobs wait until the cluster has room', _PROGRAM, message)
-
-
-def _ray_processes() -> List[psutil.Process]:
-  """This process's children and their children: Ray's processes and the jobs' workers."""
-  try:
-    return psutil.Process().children(recursive=True)
-  except psutil.Error:
-    return []
-
-
-def _wait_for_exit(processes: Sequence[psutil.Process]) -> None:
-  """Waits until Ray's processes of an embedded launch have exited.
-
-  `ray.shutdown()` returns while some are still on their way out (seen: the
-  autoscaler monitor); the launch ends only when nothing of it runs. Any left
-  after `_RAY_EXIT_WAIT_S` is killed, and named in the log.
-  """
-  _, alive = psutil.wait_procs(processes, timeout=_RAY_EXIT_WAIT_S)
-  for process in alive:
-    try:
-      logging.warning('%s: killing %s (pid %d), left running by Ray', _PROGRAM,
-                      process.name(), process.pid)
-      process.kill()
-    except psutil.Error:
-      pass
-  psutil.wait_procs(alive, timeout=5)
 
 
 def main(argv: List[str]) -> int:
@@ -217,9 +157,8 @@ def main(argv: List[str]) -> int:
     code = ray_launch.Launch(spec, settings, _NUM_COLLECTORS.value, _EVAL_JOB.value, signals,
                   embedded).run()
   finally:
-    processes = _ray_processes() if embedded else []
-    ray.shutdown()  # embedded: stops Ray and every job; a cluster: disconnects only
-    _wait_for_exit(processes)
+    # Embedded: stops Ray and every job; a cluster: disconnects only.
+    ray_runtime.stop(embedded, _PROGRAM)
   logging.info('%s: exit status %d', _PROGRAM, code)
   return code
 

@@ -58,20 +58,26 @@ def is_child(proc: psutil.Process) -> bool:
     return True
 
 
-def sample(tag: str) -> Tuple[float, Dict[str, float]]:
-  """Total RSS (MiB) of the sweep's own processes, and RSS per process name."""
-  total, parts = 0.0, {}
+def sample(tag: str) -> Tuple[float, float, Dict[str, float]]:
+  """Total RSS and PSS (MiB) of the sweep's own processes, and RSS per process.
+
+  RSS counts the pages that several processes share (Python, Ray's libraries)
+  once per process; PSS splits each shared page among its users, so the PSS
+  total is what the processes take from the machine together.
+  """
+  total, total_pss, parts = 0.0, 0.0, {}
   for proc in tagged(tag):
     if is_child(proc):
       continue
     try:
-      rss = proc.memory_info().rss / 2**20
+      info = proc.memory_full_info()
       name = proc.name()
     except psutil.Error:
       continue
-    total += rss
-    parts[f'{name}:{proc.pid}'] = rss
-  return total, parts
+    total += info.rss / 2**20
+    total_pss += info.pss / 2**20
+    parts[f'{name}:{proc.pid}'] = info.rss / 2**20
+  return total, total_pss, parts
 
 
 def main() -> None:
@@ -94,14 +100,15 @@ def main() -> None:
   print('$', ' '.join(cmd[1:]) if cmd[0].endswith('harness-sweep') else ' '.join(cmd),
         flush=True)
   print(f'load average before: {os.getloadavg()[0]:.2f}', flush=True)
-  peak, peak_parts = 0.0, {}
+  peak, peak_pss, peak_parts = 0.0, 0.0, {}
   start = time.time()
   with open(os.path.join(os.path.dirname(root), 'bench_sweep.log'), 'w') as log:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     while proc.poll() is None:
-      total, parts = sample(tag)
+      total, total_pss, parts = sample(tag)
       if total > peak:
         peak, peak_parts = total, parts
+      peak_pss = max(peak_pss, total_pss)
       time.sleep(0.25)
   wall = time.time() - start
   if proc.returncode != 0:
@@ -119,6 +126,7 @@ def main() -> None:
     by_kind[kind] = by_kind.get(kind, 0.0) + rss
   print(f'peak RSS of the driver + Ray processes: {peak:.0f} MiB (target < 1 GB); at the peak: '
         + ', '.join(f'{k} {v:.0f}' for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+  print(f'peak PSS of the same processes (shared pages counted once): {peak_pss:.0f} MiB')
   print(f'load average after: {os.getloadavg()[0]:.2f}; sweep: {root}')
 
 

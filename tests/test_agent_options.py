@@ -44,8 +44,11 @@ def test_learning_rate_follows_its_schedule_over_env_steps():
     assert float(built.learning_rate.numpy()) == pytest.approx(expected, rel=1e-5)
 
 
-def test_constant_learning_rate_by_default():
-  built, run_state = _built(learning_rate=2e-3)
+@pytest.mark.parametrize('schedule', [{}, {'learning_rate_final': 0.0}])
+def test_constant_learning_rate_without_decay_steps(schedule):
+  """No decay steps means constant, even with a final rate bound (as a gin file
+  that decays may be overridden with make_agent.learning_rate_decay_steps=0)."""
+  built, run_state = _built(learning_rate=2e-3, **schedule)
   run_state.env_steps.assign(10**6)
   built.update_learning_rate()
   assert float(built.learning_rate.numpy()) == pytest.approx(2e-3)

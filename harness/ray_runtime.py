@@ -1,0 +1,124 @@
+"""Starting and stopping Ray the way both `harness-sweep` and `harness-launch` want it.
+
+Embedded Ray (no `--ray_address`) listens on 127.0.0.1 only and has no
+dashboard: a sweep or launch on a laptop opens nothing to the network. With an
+address the same code joins an existing cluster, and stopping only disconnects.
+Ray's own lines stay off the user's terminal; the commands print their own.
+
+No TensorFlow here: the drivers never import the training code.
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+from absl import logging
+import psutil
+
+from harness import errors
+from harness.errors import UsageError
+
+# ray.shutdown() returns before all of its processes have exited.
+EXIT_WAIT_S = 30.0
+
+
+def quiet_environment() -> None:
+  """Before Ray is imported: no progress tables, result files or usage stats."""
+  os.environ.setdefault('RAY_AIR_NEW_OUTPUT', '0')  # verbose=0 is silent only in the old output
+  os.environ.setdefault('TUNE_DISABLE_AUTO_CALLBACK_LOGGERS', '1')  # Tune's json/csv/tb files
+  os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
+  os.environ.setdefault('TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S', '1000')
+  # Ray's processes wait 5 s for the GCS by default; on a machine at load
+  # average 50 ray.init timed out getting the cluster id and segfaulted.
+  os.environ.setdefault('RAY_gcs_rpc_server_connect_timeout_s', '60')
+
+
+def route_library_logs(handler: std_logging.Handler,
+                       names: Sequence[str] = ('ray', 'optuna')) -> None:
+  """The Python log records of these libraries go to `handler`, not the terminal."""
+  for name in names:
+    logger = std_logging.getLogger(name)
+    for old in list(logger.handlers):
+      logger.removeHandler(old)
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+class ToAbslLog(std_logging.Handler):
+  """Forwards a library's log records to our log: warnings and errors as they
+  are, the rest at DEBUG (seen with --verbosity=1)."""
+
+  def emit(self, record: std_logging.LogRecord) -> None:
+    level = logging.WARNING if record.levelno >= std_logging.WARNING else logging.DEBUG
+    logging.log(level, '%s: %s', record.name, record.getMessage())
+
+
+def start(address: Optional[str], num_cpus: Optional[int] = None) -> None:
+  """Starts embedded Ray on localhost (`address` None) or joins the cluster at
+  `address` (`auto` or host:port); an unreachable cluster is a `UsageError`."""
+  quiet_environment()
+  import ray  # pylint: disable=g-import-not-at-top
+  options: Dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
+                                 configure_logging=False)
+  try:
+    if address is None:
+      # RAY_ADDRESS would win over address='local' and join some other cluster.
+      os.environ.pop('RAY_ADDRESS', None)
+      ray.init(address='local', num_cpus=num_cpus, _node_ip_address='127.0.0.1', **options)
+    else:
+      ray.init(address=address, **options)
+  except (ConnectionError, ValueError, RuntimeError) as e:
+    if address is None:
+      raise
+    raise UsageError(f'cannot connect to the Ray cluster at --ray_address={address} '
+                     f'({errors.first_line(e)}): start it with `ray start --head`, or drop '
+                     '--ray_address to run on this machine') from e
+  _worker_messages_to_debug_log()
+
+
+def _worker_messages_to_debug_log() -> None:
+  """`log_to_driver=False` keeps the workers' output away, but Ray 2.40 still
+  prints worker-death notices from its error channel straight to stdout, with
+  no setting to turn that off; they go to our log at DEBUG level instead (the
+  commands report failures and restarts themselves)."""
+  import ray._private.worker as ray_worker  # pylint: disable=g-import-not-at-top
+
+  def to_debug_log(data: Dict[str, Any], ignore_prefix: bool = False) -> None:
+    del ignore_prefix
+    for line in data.get('lines', []):
+      logging.debug('ray (%s): %s', data.get('pid'), line)
+
+  if hasattr(ray_worker, 'print_to_stdstream'):
+    ray_worker.print_to_stdstream = to_debug_log
+
+
+def child_processes() -> List[psutil.Process]:
+  """This process's children and theirs: embedded Ray's processes and workers."""
+  try:
+    return psutil.Process().children(recursive=True)
+  except psutil.Error:
+    return []
+
+
+def stop(embedded: bool, program: str) -> None:
+  """`ray.shutdown()`, then (embedded) waits until every Ray process has exited.
+
+  `ray.shutdown()` returns while some are still on their way out (seen: the
+  autoscaler monitor); a command ends only when nothing of it runs. Any left
+  after `EXIT_WAIT_S` is killed and named in the log. On a cluster this only
+  disconnects the driver.
+  """
+  import ray  # pylint: disable=g-import-not-at-top
+  processes = child_processes() if embedded else []
+  ray.shutdown()
+  _, alive = psutil.wait_procs(processes, timeout=EXIT_WAIT_S)
+  for process in alive:
+    try:
+      logging.warning('%s: killing %s (pid %d), left running by Ray', program, process.name(),
+                      process.pid)
+      process.kill()
+    except psutil.Error:
+      pass
+  psutil.wait_procs(alive, timeout=5)
