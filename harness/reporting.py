@@ -80,7 +80,11 @@ class Reporter:
       from harness import tracking  # pylint: disable=g-import-not-at-top  (an optional extra)
       settings = {k: v for k, v in dataclasses.asdict(cfg).items()
                   if k not in ('root_dir', 'track', 'replay_address', 'collector_id')}
-      self._tracker = tracking.Tracker(root, settings, gin.operative_config_str())
+      try:
+        self._tracker = tracking.Tracker(root, settings, gin.operative_config_str())
+      except Exception as e:  # pylint: disable=broad-except  (W&B unreachable: train anyway)
+        logging.warning('W&B tracking did not start (%s): the run goes on without it; '
+                        'TensorBoard and the csv files have everything', str(e).split('\n')[0])
     self._last = None
     self._start = None
 
