@@ -7,6 +7,10 @@ import os
 # TensorFlow's C++ start-up chatter (CUDA probing on a CPU machine) would bury
 # our one-line errors on stderr; users can set TF_CPP_MIN_LOG_LEVEL themselves.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+# Rendering (videos): pygame greets on import, and SDL probes for a sound card,
+# which servers lack (eight ALSA error lines on stderr).
+os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
+os.environ.setdefault('SDL_AUDIODRIVER', 'dummy')
 
 # tf-agents 0.19 imports the unmaintained `gym` (we use gymnasium), which prints
 # a deprecation banner on stderr at import time: import it once, silently.
@@ -18,8 +22,7 @@ with contextlib.redirect_stderr(io.StringIO()):
 
 
 def quiet_tensorflow_logs() -> None:
-  """Keeps TensorFlow's own INFO lines (SavedModel writing) out of our log."""
-  import logging as std_logging  # pylint: disable=g-import-not-at-top
-  import warnings  # pylint: disable=g-import-not-at-top
-  std_logging.getLogger('tensorflow').setLevel(std_logging.WARNING)
-  warnings.filterwarnings('ignore', message='Encoding a StructuredValue')
+  """Keeps TensorFlow's and the other libraries' lines out of our log unless
+  --verbosity asks for them (see `harness.quiet`)."""
+  from harness import quiet  # pylint: disable=g-import-not-at-top
+  quiet.setup_log()

@@ -9,6 +9,7 @@ with discount 1 so that the TD target still bootstraps from the last observation
 from __future__ import annotations
 
 import difflib
+import inspect
 from typing import Any, Callable, Optional, Sequence
 
 import gin
@@ -19,6 +20,7 @@ from tf_agents.environments import py_environment
 from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
 
+from harness import quiet
 from harness.errors import UsageError
 
 _MID = np.asarray(ts.StepType.MID, np.int32)
@@ -138,6 +140,7 @@ def _register_optional_envs(env_id: str) -> None:
   if env_id.startswith('ALE/'):
     import ale_py  # pylint: disable=g-import-not-at-top
     gym.register_envs(ale_py)
+    quiet.quiet_ale()  # no banner on stderr for every new game
 
 
 def check_env_id(env_id: str) -> None:
@@ -183,6 +186,14 @@ def make_env(env_id: str = 'CartPole-v1',
     env = wrap(env)
   return GymnasiumPyEnvironment(env, env_id=env_id, seed=seed,
                                 life_loss_as_terminal=life_loss_as_terminal)
+
+
+def configured_env_id() -> str:
+  """The env id that `make_env()` builds: its gin binding, or the default."""
+  try:
+    return gin.query_parameter('make_env.env_id')
+  except ValueError:
+    return inspect.signature(make_env).parameters['env_id'].default
 
 
 def make_batched_env(num_envs: int, seed: int) -> py_environment.PyEnvironment:

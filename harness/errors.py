@@ -49,9 +49,11 @@ def report(program: str, error: BaseException, verbose: bool) -> None:
   print(f'{program}: error: {first_line(error)}', file=sys.stderr, flush=True)
 
 
-def run_app(program: str, main: Callable[[List[str]], None]) -> None:
-  """`absl.app.run(main)`, with the log on stdout and a UsageError as one line, exit 2."""
+def run_app(program: str, main: Callable[[List[str]], None], command=None) -> None:
+  """`absl.app.run(main)`, with the log on stdout and a UsageError as one line, exit 2;
+  with `command` (a `cli.Command`), `--help` lists the command's own flags."""
   from absl import app, logging  # pylint: disable=g-import-not-at-top
+  from harness import cli  # pylint: disable=g-import-not-at-top
 
   def main_with_clean_errors(argv: List[str]) -> None:
     log_to_stdout()
@@ -61,16 +63,18 @@ def run_app(program: str, main: Callable[[List[str]], None]) -> None:
       report(program, e, logging.get_verbosity() >= logging.DEBUG)
       sys.exit(UsageError.exit_code)
 
-  app.run(main_with_clean_errors)
+  app.run(main_with_clean_errors,
+          flags_parser=cli.flags_parser(command) if command else cli.plain_flags_parser(program))
 
 
 def log_to_stdout() -> None:
-  """Sends absl logging to stdout, keeping stderr for problems only.
+  """Sends absl logging to stdout, keeping stderr for problems only, and holds
+  back the libraries' chatter unless --verbosity asks for it (`harness.quiet`).
 
   Call it inside `app.run`'s main (absl installs its handler there).
   """
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  logging.get_absl_handler().python_handler.stream = sys.stdout
+  from harness import quiet  # pylint: disable=g-import-not-at-top
+  quiet.setup_log()
 
 
 @contextlib.contextmanager

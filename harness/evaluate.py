@@ -1,4 +1,4 @@
-"""`harness-eval`: plays a saved policy and reports its return, optionally as a GIF.
+"""`harness-eval`: plays a saved policy and reports its return, optionally as a video.
 
   harness-eval --policy_dir=runs/cartpole/policies/greedy_policy --episodes=10 \
       --video=cartpole.gif
@@ -13,7 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 # pygame (CartPole's renderer) greets on import; keep stdout for our results.
 os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
@@ -26,8 +26,10 @@ import gin  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import harness  # pylint: disable=g-import-not-at-top,wrong-import-position
+from harness import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from harness import envs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from harness import errors  # pylint: disable=g-import-not-at-top,wrong-import-position
+from harness import video  # pylint: disable=g-import-not-at-top,wrong-import-position
 from harness.errors import UsageError  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _POLICY_DIR = flags.DEFINE_string(
@@ -35,13 +37,14 @@ _POLICY_DIR = flags.DEFINE_string(
 _EPISODES = flags.DEFINE_integer('episodes', 10, 'Episodes to play.')
 _ENV_ID = flags.DEFINE_string(
     'env_id', None, "Environment id; default: make_env.env_id of the run's operative config.")
-_VIDEO = flags.DEFINE_string('video', None, 'Write the first episode to this animated GIF.')
+_VIDEO = flags.DEFINE_string(
+    'video', None, "Write the first episode to this .gif (or .mp4, with pip install -e '.[mp4]').")
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the first reset (later episodes follow on).')
 _EPSILON = flags.DEFINE_float(
     'epsilon', 0.0, 'Probability of a uniformly random action (0 = the policy as saved).')
-_FPS = flags.DEFINE_integer('fps', 30, 'Frames per second of the GIF.')
+_FPS = flags.DEFINE_integer('fps', 30, 'Frames per second of the video.')
 _VIDEO_WIDTH = flags.DEFINE_integer(
-    'video_width', 320, 'Shrink GIF frames wider than this many pixels (0 = native size).')
+    'video_width', 320, 'Shrink video frames wider than this many pixels (0 = native size).')
 
 _PROGRAM = 'harness-eval'
 _ENV_ID_LINE = re.compile(r"^\s*make_env\.env_id\s*=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
@@ -109,46 +112,6 @@ def _check_specs(policy, env, env_id: str) -> None:
                      'pass the --env_id it was trained on')
 
 
-def play(policy, env, episodes: int, epsilon: float, rng: np.random.Generator,
-         record_first: bool) -> Tuple[List[float], List[np.ndarray]]:
-  """Plays `episodes` episodes; returns their returns and the first one's frames."""
-  returns, frames = [], []
-  spec = env.action_spec()
-  for episode in range(episodes):
-    record = record_first and episode == 0
-    time_step = env.reset()
-    if record:
-      frames.append(env.render())
-    total = 0.0
-    while not time_step.is_last():
-      if epsilon > 0 and rng.random() < epsilon:
-        action = np.asarray(rng.integers(spec.minimum, spec.maximum + 1), spec.dtype)
-      else:
-        action = policy.action(time_step).action
-      time_step = env.step(action)
-      total += float(time_step.reward)
-      if record:
-        frames.append(env.render())
-    returns.append(total)
-  return returns, frames
-
-
-def write_gif(frames: List[np.ndarray], path: str, fps: int, max_width: int) -> None:
-  """Writes RGB frames as a looping animated GIF."""
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  images = []
-  for frame in frames:
-    image = Image.fromarray(np.asarray(frame, np.uint8))
-    if max_width and image.width > max_width:
-      image = image.resize((max_width, round(image.height * max_width / image.width)),
-                           Image.BILINEAR)
-    images.append(image)
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  images[0].save(path, save_all=True, append_images=images[1:], loop=0,
-                 duration=max(20, round(1000 / fps)), optimize=False)
-
-
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     raise UsageError(f'unexpected arguments {argv[1:]}: use --flag=value forms')
@@ -161,8 +124,8 @@ def main(argv: List[str]) -> None:
     raise UsageError(f'--episodes={_EPISODES.value} must be at least 1')
   if not 0.0 <= _EPSILON.value <= 1.0:
     raise UsageError(f'--epsilon={_EPSILON.value} is outside [0, 1]')
-  if _VIDEO.value and not _VIDEO.value.lower().endswith('.gif'):
-    raise UsageError(f'--video={_VIDEO.value} must end in .gif')
+  if _VIDEO.value:
+    video.format_of(_VIDEO.value)  # .gif, or .mp4 with an ffmpeg
   harness.quiet_tensorflow_logs()
 
   root = run_root(policy_dir)
@@ -180,20 +143,27 @@ def main(argv: List[str]) -> None:
   logging.info('Playing %s with %s (config %s)', env_id, policy_dir, config or 'none')
 
   rng = np.random.default_rng(_SEED.value)
-  returns, frames = play(policy, env, _EPISODES.value, _EPSILON.value, rng,
-                         record_first=bool(_VIDEO.value))
+  returns, _, frames = video.play(lambda step: policy.action(step).action, env,
+                                  _EPISODES.value, _EPSILON.value, rng,
+                                  record_first=bool(_VIDEO.value))
   env.close()
   mean, std = float(np.mean(returns)), float(np.std(returns))
   print(f'{env_id}: return {mean:.2f} +- {std:.2f} over {len(returns)} episodes '
         f'(min {min(returns):.2f}, max {max(returns):.2f})')
   if _VIDEO.value:
-    write_gif(frames, _VIDEO.value, _FPS.value, _VIDEO_WIDTH.value)
+    video.write(frames, _VIDEO.value, _FPS.value, _VIDEO_WIDTH.value)
     print(f'video of episode 1 ({len(frames)} frames, return {returns[0]:.2f}): {_VIDEO.value}')
 
 
 def run() -> None:
   """Console-script entry point."""
-  errors.run_app(_PROGRAM, main)
+  errors.run_app(_PROGRAM, main, cli.Command(
+      program=_PROGRAM,
+      summary='plays a saved policy, reports its return and can write an episode as a video.',
+      usage='--policy_dir=ROOT/policies/NAME [--episodes=N] [--video=FILE.gif] [flags]',
+      example='harness-eval --policy_dir=runs/cartpole/policies/greedy_policy --episodes=10 '
+              '--video=cartpole.gif',
+      module=__name__))
 
 
 if __name__ == '__main__':

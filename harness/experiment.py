@@ -25,7 +25,7 @@ from harness.single_process import run_single_process
 WRITER_JOBS = ('all', 'learn')
 
 
-@gin.configurable
+@gin.configurable(denylist=['track'])
 def train_eval(root_dir: str,
                num_env_steps: int = 50_000,
                replay_capacity: int = 100_000,
@@ -45,7 +45,10 @@ def train_eval(root_dir: str,
                job: str = 'all',
                replay_address: Optional[str] = None,
                collector_id: int = 0,
-               shutdown_grace_seconds: float = 60.0) -> None:
+               shutdown_grace_seconds: float = 60.0,
+               video_interval: int = 0,
+               video_format: str = 'gif',
+               track: bool = False) -> None:
   """Trains and evaluates a DdqnAgent until `num_env_steps`.
 
   Args:
@@ -76,6 +79,12 @@ def train_eval(root_dir: str,
       writes a checkpoint and exits 143 (130); if that takes longer than this,
       the process ends anyway with the same status (the previous checkpoint
       stays). A second signal ends it at once.
+    video_interval: env steps between recorded greedy episodes, written to
+      ROOT/videos/<env_steps>.<video_format> (0 = no videos). Frames are the
+      env's render (Atari: the native 210x160 screen).
+    video_format: 'gif' (Pillow) or 'mp4' (needs pip install -e '.[mp4]').
+    track: also stream the run to Weights & Biases (`harness-train --track`;
+      files under ROOT/wandb/); not a gin setting.
   """
   cfg = RunConfig(
       root_dir=root_dir, num_env_steps=num_env_steps, replay_capacity=replay_capacity,
@@ -86,7 +95,8 @@ def train_eval(root_dir: str,
       final_eval_episodes=final_eval_episodes, checkpoint_interval=checkpoint_interval,
       log_interval=log_interval, seed=seed, prioritized_replay=prioritized_replay, job=job,
       replay_address=replay_address, collector_id=collector_id,
-      shutdown_grace_seconds=shutdown_grace_seconds).validate()
+      shutdown_grace_seconds=shutdown_grace_seconds, video_interval=video_interval,
+      video_format=video_format, track=track).validate()
   parts.seed_everything(seed)
   if job == 'all' and replay_address:
     raise UsageError('--job=all runs its own replay server: drop --replay_address, or run '

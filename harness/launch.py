@@ -42,6 +42,7 @@ from absl import logging
 import gin
 
 from harness import actors
+from harness import cli
 from harness import errors
 from harness import ray_launch
 from harness import ray_runtime
@@ -179,18 +180,19 @@ def _main_with_clean_errors(argv: List[str]) -> None:
   sys.exit(code)
 
 
-def _parse_flags(argv: List[str]) -> List[str]:
-  """absl's flag parsing, with a bad flag reported as one line and status 2."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f'{_PROGRAM}: error: {e}; see {_PROGRAM} --helpfull', file=sys.stderr)
-    sys.exit(UsageError.exit_code)
-
+COMMAND = cli.Command(
+    program=_PROGRAM,
+    summary='a distributed run on Ray: replay server, collectors, learner (and an eval job) '
+            'as Ray actors; an existing run in --root_dir is resumed.',
+    usage='--root_dir=DIR --gin_file=FILE [--gin_bindings=BINDING ...] --num_collectors=N '
+          '[flags]',
+    example='harness-launch --root_dir=runs/cartpole_dist --gin_file=gin/ddqn_cartpole.gin '
+            '--num_collectors=2 --eval_job',
+    module=__name__)
 
 def run() -> None:
   """Console-script entry point."""
-  app.run(_main_with_clean_errors, flags_parser=_parse_flags)
+  app.run(_main_with_clean_errors, flags_parser=cli.flags_parser(COMMAND))
 
 
 if __name__ == '__main__':

@@ -3,8 +3,8 @@
 `run_single_process` and the distributed learner differ only in what one
 iteration does (collect and train, or train from a remote table) and in how a
 metrics row and a checkpoint are made; they hand those in, and this loop does
-the rest in the same order for both: log, evaluate and checkpoint on their
-intervals, a complete checkpoint at the end, then the final evaluation into
+the rest in the same order for both: log, evaluate, record a video and
+checkpoint on their intervals, a complete checkpoint at the end, then the final evaluation into
 `results.json`.
 
 A stop request (a signal) ends the loop between iterations: a complete
@@ -57,6 +57,9 @@ def train_to_target(cfg: RunConfig, reporter: Reporter, clock: checkpoints.WallC
   ]
   if hooks.evaluate:
     interval_triggers.append(triggers.IntervalTrigger(cfg.eval_interval, reporter.evaluate))
+    if cfg.video_interval:
+      interval_triggers.append(triggers.IntervalTrigger(cfg.video_interval,
+                                                        reporter.record_video))
   interval_triggers.append(triggers.IntervalTrigger(cfg.checkpoint_interval,
                                                     lambda _: hooks.save_checkpoint()))
   started = env_steps

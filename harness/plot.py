@@ -25,6 +25,7 @@ matplotlib.use('Agg')  # Files only: no display on servers and in tests.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from harness import aggregate  # pylint: disable=wrong-import-position
+from harness import cli  # pylint: disable=wrong-import-position
 from harness import errors  # pylint: disable=wrong-import-position
 from harness import sweep_spec  # pylint: disable=wrong-import-position
 from harness.errors import UsageError  # pylint: disable=wrong-import-position
@@ -167,7 +168,12 @@ def main(argv: List[str]) -> None:
 
 def run() -> None:
   """Console-script entry point."""
-  errors.run_app(_PROGRAM, main)
+  errors.run_app(_PROGRAM, main, cli.Command(
+      program=_PROGRAM,
+      summary='draws the learning curves of runs (or the IQM curves of a sweep) to a PNG.',
+      usage='ROOT [ROOT ...] --out=FILE.png [--title=TITLE]',
+      example='harness-plot runs/cartpole runs/cartpole_per --out=cartpole.png',
+      module=__name__))
 
 
 if __name__ == '__main__':

@@ -13,6 +13,7 @@ from tf_agents.trajectories import trajectory as trajectory_lib
 import tree
 
 from harness import disk
+from harness import quiet
 
 TABLE = 'uniform_table'
 
@@ -57,7 +58,8 @@ def start_server(tables: List[reverb.Table], checkpoint_dir: Optional[str],
     with disk.writing(checkpoint_dir):
       os.makedirs(checkpoint_dir, exist_ok=True)
     checkpointer = reverb.checkpointers.DefaultCheckpointer(path=checkpoint_dir)
-  server = reverb.Server(tables, port=port, checkpointer=checkpointer)
+  with quiet.native_stderr():  # Reverb's start and restore lines
+    server = reverb.Server(tables, port=port, checkpointer=checkpointer)
   logging.info('Reverb server listening on port %d', server.port)
   return server
 

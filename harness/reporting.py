@@ -1,8 +1,9 @@
 """What a run reports: metrics rows, evaluations, exported policies, the final results.
 
 `Reporter` owns `metrics.csv`, `eval.csv`, TensorBoard, the progress line, the
-policy exports and `results.json`; every training job (one process, or the
-learner of a distributed run) reports through it.
+policy exports, the videos (`ROOT/videos/`), `results.json` and, with
+`--track`, the W&B run (`harness.tracking`); every training job (one process,
+or the learner of a distributed run) reports through it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from typing import Optional
 
 from absl import logging
+import gin
 import numpy as np
 from tf_agents.drivers import py_driver
 from tf_agents.environments import py_environment
@@ -22,11 +24,13 @@ from tf_agents.policies import py_tf_eager_policy
 
 from harness import checkpoints
 from harness import collect
+from harness import disk
 from harness import envs
 from harness import learn
 from harness import memory
 from harness import metrics
 from harness import results
+from harness import video
 from harness.parts import AgentParts
 from harness.settings import RunConfig
 
@@ -68,6 +72,19 @@ class Reporter:
     self.exporter = checkpoints.PolicyExporter(root, parts.agent)
     eval_env = envs.make_env(seed=cfg.seed + 10_000)
     self._evaluation = Evaluation(eval_env, self._eval_policy(eval_env), cfg.eval_episodes)
+    self._recorder = (video.Recorder(root, envs.make_env, self._eval_policy, cfg.seed + 30_000,
+                                     cfg.video_format) if cfg.video_interval else None)
+    self._tracker = None
+    # One W&B run per ROOT: the job that writes the checkpoints streams to it.
+    if cfg.track and cfg.job in ('all', 'learn'):
+      from harness import tracking  # pylint: disable=g-import-not-at-top  (an optional extra)
+      settings = {k: v for k, v in dataclasses.asdict(cfg).items()
+                  if k not in ('root_dir', 'track', 'replay_address', 'collector_id')}
+      try:
+        self._tracker = tracking.Tracker(root, settings, gin.operative_config_str())
+      except Exception as e:  # pylint: disable=broad-except  (W&B unreachable: train anyway)
+        logging.warning('W&B tracking did not start (%s): the run goes on without it; '
+                        'TensorBoard and the csv files have everything', str(e).split('\n')[0])
     self._last = None
     self._start = None
 
@@ -90,8 +107,10 @@ class Reporter:
         k: row.get(k) for k in ('loss', 'epsilon', 'learning_rate', 'replay_size',
                                 'avg_return', 'rss_mb', 'steps_per_sec', 'per_beta',
                                 'mean_priority')})
+    if self._tracker:
+      self._tracker.log('train', row)
     rate = (env_steps - self._start[1]) / max(now - self._start[0], 1e-9)
-    eta = (self._cfg.num_env_steps - env_steps) / rate if rate > 0 else None
+    eta = max(0, self._cfg.num_env_steps - env_steps) / rate if rate > 0 else None
     logging.info('%s', metrics.format_progress(row, self._cfg.num_env_steps, eta))
 
   def train_step(self) -> int:
@@ -107,9 +126,12 @@ class Reporter:
     result = self._evaluation.run()
     mean, std = metrics.mean_std(result.recent_returns)
     length = float(np.mean(result.recent_lengths))
-    self.eval_csv.append({'train_step': train_step, 'env_steps': env_steps,
-                          'wall_time': time.time(), 'avg_return': mean, 'std_return': std,
-                          'avg_episode_length': length, 'episodes': result.episodes})
+    row = {'train_step': train_step, 'env_steps': env_steps, 'wall_time': time.time(),
+           'avg_return': mean, 'std_return': std, 'avg_episode_length': length,
+           'episodes': result.episodes}
+    self.eval_csv.append(row)
+    if self._tracker:
+      self._tracker.log('eval', row)
     self._eval_summaries.scalars(train_step, {'eval/avg_return': mean,
                                               'eval/avg_episode_length': length})
     logging.info('eval at env_steps %d: return %.1f +- %.1f over %d episodes', env_steps,
@@ -118,6 +140,17 @@ class Reporter:
     if mean > float(best.numpy()):
       best.assign(mean)
       self.exporter.save_best()
+
+  def record_video(self, env_steps: int) -> None:
+    """Records one episode of the evaluation policy to ROOT/videos/<env_steps>.<format>."""
+    if not self._recorder:
+      return
+    with disk.writing(self._recorder.path(env_steps)):
+      path, episode_return, length = self._recorder.record(env_steps)
+    logging.info('video at env_steps %d: %s (%d steps, return %.1f)', env_steps, path, length,
+                 episode_return)
+    if self._tracker:
+      self._tracker.video(env_steps, path)
 
   def write_results(self, env_steps: int, episodes: int, wall_seconds: float) -> None:
     """Evaluates the final greedy policy and best_policy; writes ROOT/results.json.
@@ -139,13 +172,16 @@ class Reporter:
     if os.path.isfile(os.path.join(best_dir, 'saved_model.pb')):
       best = self._final_evaluation(self._saved_policy(best_dir), seed).run()
       best_mean, best_std = metrics.mean_std(best.recent_returns)
-    path = results.write_results(self._cfg.root_dir, {
+    values = {
         'final_return': final_mean, 'final_return_std': final_std,
         'best_policy_return': best_mean, 'best_policy_return_std': best_std,
         'best_eval_return': float(self._parts.run_state.best_eval_return.numpy()),
         'env_steps': env_steps, 'train_step': train_step, 'wall_seconds': wall_seconds,
         'episodes': episodes, 'final_eval_episodes': episodes_each,
-        'eval_epsilon': self._cfg.eval_epsilon, 'num_env_steps': self._cfg.num_env_steps})
+        'eval_epsilon': self._cfg.eval_epsilon, 'num_env_steps': self._cfg.num_env_steps}
+    path = results.write_results(self._cfg.root_dir, values)
+    if self._tracker:
+      self._tracker.summary(values)
     logging.info('final policy: return %.1f +- %.1f over %d episodes; best_policy: %.1f +- %.1f '
                  '(%s)', final_mean, final_std, episodes_each, best_mean, best_std, path)
 
@@ -166,6 +202,23 @@ class Reporter:
   def close(self) -> None:
     self._train_summaries.close()
     self._eval_summaries.close()
+    if self._recorder:
+      self._recorder.close()
+    if self._tracker:
+      self._tracker.close()
+
+
+def describe_run(cfg: RunConfig, parts: AgentParts, env_id: str) -> str:
+  """The start-up summary line: run directory, agent, environment, target."""
+  built = parts.built
+  agent = 'DDQN'
+  options = [f'{built.n_step_update}-step targets'] if built.n_step_update > 1 else []
+  options += ['prioritized replay'] if cfg.prioritized_replay else []
+  if options:
+    agent += f' ({", ".join(options)})'
+  return (f'Run {cfg.root_dir}: {agent} on {env_id}, {cfg.num_env_steps} env steps '
+          f'({cfg.num_envs} env{"s" if cfg.num_envs > 1 else ""}, replay ratio '
+          f'{cfg.replay_ratio:g}, seed {cfg.seed})')
 
 
 def metrics_row(parts: AgentParts, env_steps: int, loss: float, replay_size: int,

@@ -53,6 +53,9 @@ class RunConfig:
   replay_address: Optional[str]
   collector_id: int
   shutdown_grace_seconds: float
+  video_interval: int = 0
+  video_format: str = 'gif'
+  track: bool = False
 
   @property
   def replay_ratio(self) -> float:
@@ -85,6 +88,13 @@ class RunConfig:
     if not isinstance(grace, (int, float)) or isinstance(grace, bool) or not 0 < grace < 1e9:
       raise UsageError(f'train_eval.shutdown_grace_seconds={grace!r} must be a positive number '
                        'of seconds, e.g. train_eval.shutdown_grace_seconds=60')
+    if not _is_int(self.video_interval) or self.video_interval < 0:
+      raise UsageError(f'train_eval.video_interval={self.video_interval!r} must be an integer '
+                       '>= 0 (env steps between recorded episodes; 0 = no videos), e.g. '
+                       'train_eval.video_interval=10000')
+    if self.video_interval:
+      from harness import video  # pylint: disable=g-import-not-at-top
+      video.check_format(self.video_format)
     if not isinstance(self.prioritized_replay, bool):
       raise UsageError(f'train_eval.prioritized_replay={self.prioritized_replay!r} must be '
                        'True or False')

@@ -141,7 +141,9 @@ class _SignalWatcher:
   @staticmethod
   def _exit_now(line: str, exit_code: int) -> None:
     try:
-      os.write(2, (line + '\n').encode())
+      # Past a hold of fd 2 (`quiet.native_stderr`), whose lines would be lost.
+      from harness import quiet  # pylint: disable=g-import-not-at-top
+      os.write(quiet.stderr_fd(), (line + '\n').encode())
     finally:
       os._exit(exit_code)  # pylint: disable=protected-access
 

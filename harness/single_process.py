@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from absl import logging
+
 from harness import checkpoints
 from harness import collect
+from harness import envs
 from harness import learn
 from harness import loop
 from harness import metrics
 from harness import parts as parts_lib
+from harness import quiet
 from harness import replay
 from harness import reporting
 from harness import shutdown
@@ -21,6 +25,7 @@ def run_single_process(cfg: RunConfig) -> None:
   # fails here, before anything is written to root_dir.
   collect_env = parts_lib.make_collect_env(cfg, cfg.seed)
   parts = parts_lib.build_agent(cfg, collect_env)
+  logging.info('%s', reporting.describe_run(cfg, parts, envs.configured_env_id()))
   run_dir = RunDirectory(cfg.root_dir, parts)
   run_state, train_step = parts.run_state, parts.train_step
   clock = checkpoints.WallClock(run_state)
@@ -40,8 +45,9 @@ def run_single_process(cfg: RunConfig) -> None:
   per = parts_lib.prioritized_settings(cfg)
   priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, train_step,
                                              run_state.max_priority, layout.rows_per_item)
-  trainer = learn.Trainer(parts.built, layout.make_dataset(address, cfg.batch_size),
-                          cfg.train_steps_per_iteration, priorities)
+  with quiet.native_stderr():  # Reverb's line on the in-process sampler
+    trainer = learn.Trainer(parts.built, layout.make_dataset(address, cfg.batch_size),
+                            cfg.train_steps_per_iteration, priorities)
   stop = shutdown.current()
   shutdown.exit_if_requested('during start-up')  # before the first write
   run_dir.write_launch_files(pair_warning)
@@ -51,14 +57,15 @@ def run_single_process(cfg: RunConfig) -> None:
   def iteration() -> int:
     if priorities:  # new items enter with the highest priority given so far
       replay_observer.update_priority(float(run_state.max_priority.numpy()))
-    collector.run()
-    run_state.set_env_steps(stats.env_steps)
-    # Gradient steps follow the env steps actually collected after the initial
-    # collect (a batched driver step can overshoot), so train_step stays at
-    # replay_ratio * (env_steps - initial_collect_steps).
-    due = (stats.env_steps - cfg.initial_collect_steps) * cfg.replay_ratio
-    while int(train_step.numpy()) + trainer.steps_per_call / 2 <= due:
-      last_loss[0] = trainer()
+    with quiet.native_stderr():  # Reverb's writer and sampler lines
+      collector.run()
+      run_state.set_env_steps(stats.env_steps)
+      # Gradient steps follow the env steps actually collected after the initial
+      # collect (a batched driver step can overshoot), so train_step stays at
+      # replay_ratio * (env_steps - initial_collect_steps).
+      due = (stats.env_steps - cfg.initial_collect_steps) * cfg.replay_ratio
+      while int(train_step.numpy()) + trainer.steps_per_call / 2 <= due:
+        last_loss[0] = trainer()
     return stats.env_steps
 
   def metrics_row(env_steps: int) -> dict:
@@ -67,21 +74,24 @@ def run_single_process(cfg: RunConfig) -> None:
                                  stats.average_return(), trainer, collector.trace_count())
 
   def save_checkpoint() -> None:
-    replay_observer.flush()
-    run_state.save_stats(stats)
-    clock.record()
-    checkpoints.save_pair(client, run_dir.checkpointer, run_state, train_step)
+    with quiet.native_stderr():  # Reverb's checkpoint lines
+      replay_observer.flush()
+      run_state.save_stats(stats)
+      clock.record()
+      checkpoints.save_pair(client, run_dir.checkpointer, run_state, train_step)
     reporter.exporter.save_current()
 
   # Initial random collect: the first `initial_collect_steps` env steps of a run.
   # A stop meanwhile ends the launch without a checkpoint: nothing is trained yet.
-  collector.collect_random(min(cfg.initial_collect_steps, cfg.num_env_steps) - stats.env_steps,
-                           should_stop=lambda: stop.requested)
+  with quiet.native_stderr():
+    collector.collect_random(min(cfg.initial_collect_steps, cfg.num_env_steps) - stats.env_steps,
+                             should_stop=lambda: stop.requested)
   shutdown.exit_if_requested(f'at env_steps {stats.env_steps}, in the initial random collect')
   run_state.set_env_steps(stats.env_steps)
   hooks = loop.JobHooks(iteration=iteration, metrics_row=metrics_row,
                         save_checkpoint=save_checkpoint, episodes=lambda: stats.episodes)
   loop.train_to_target(cfg, reporter, clock, hooks, stats.env_steps)
-  replay_observer.close()
-  reporter.close()
-  server.stop()
+  with quiet.native_stderr():
+    replay_observer.close()
+    reporter.close()
+    server.stop()

@@ -38,6 +38,7 @@ from absl import flags
 from absl import logging
 
 from harness import aggregate
+from harness import cli
 from harness import errors
 from harness import ray_runtime
 from harness import sweep_spec
@@ -65,6 +66,10 @@ _CPUS_PER_TRIAL = flags.DEFINE_float('cpus_per_trial', 1.0,
 _RAY_ADDRESS = flags.DEFINE_string(
     'ray_address', None, 'auto or host:port of a running Ray cluster; default: start Ray '
     'here, on localhost only, for this sweep.')
+
+_TRACK = flags.DEFINE_bool(
+    'track', False, 'Pass --track to every trial: one W&B run per trial, one W&B group per '
+    "sweep (the sweep directory's name). Needs pip install -e '.[wandb]'.")
 
 _PROGRAM = 'harness-sweep'
 RAY_LOG = 'ray.log'
@@ -214,6 +219,9 @@ def main(argv: List[str]) -> None:
   if len(argv) > 1:
     raise UsageError(f'unexpected arguments {argv[1:]}: use --flag=value forms')
   root = check_root(_ROOT_DIR.value)
+  if _TRACK.value:
+    from harness import tracking  # pylint: disable=g-import-not-at-top  (an optional extra)
+    tracking.check_ready()
   spec = read_spec_from_flags()
   resuming = check_same_spec(root, spec)
   table = TrialTable(root, spec)
@@ -244,7 +252,9 @@ def main(argv: List[str]) -> None:
     logging.info('Sweep %s: %d trials, %s to run%s', root, table.total,
                  len(table.remaining()) if spec.search == 'grid' else 'points of the search',
                  f' (max {_MAX_CONCURRENT.value} at once)' if _MAX_CONCURRENT.value else '')
-    sweep_tune.run_tune(root, spec, table, _CPUS_PER_TRIAL.value, _MAX_CONCURRENT.value)
+    sweep_tune.run_tune(root, spec, table, _CPUS_PER_TRIAL.value, _MAX_CONCURRENT.value,
+                        track_group=os.path.basename(os.path.abspath(root)) if _TRACK.value
+                        else None)
   finally:
     if check.poll() is None:
       check.kill()
@@ -266,19 +276,19 @@ def _main_with_clean_errors(argv: List[str]) -> None:
     sys.exit(UsageError.exit_code)
 
 
-def _parse_flags(argv: List[str]) -> List[str]:
-  """absl's flag parsing, with a bad flag reported as one line and status 2."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f'{_PROGRAM}: error: {e}; see {_PROGRAM} --helpfull', file=sys.stderr)
-    sys.exit(UsageError.exit_code)
-
+COMMAND = cli.Command(
+    program=_PROGRAM,
+    summary='runs seeds x settings (a grid, or an Optuna search) as harness-train trials on '
+            'Ray; the same command resumes a sweep.',
+    usage="--root_dir=SWEEP --gin_file=FILE [--sweep='NAME=[v1, v2]' ...] [--seeds=N] [flags]",
+    example="harness-sweep --root_dir=runs/sweep_lr --gin_file=gin/ddqn_cartpole.gin "
+            "--sweep='make_agent.learning_rate=[1e-3, 3e-3]' --seeds=3",
+    module=__name__)
 
 def run() -> None:
   """Console-script entry point."""
   from absl import app  # pylint: disable=g-import-not-at-top
-  app.run(_main_with_clean_errors, flags_parser=_parse_flags)
+  app.run(_main_with_clean_errors, flags_parser=cli.flags_parser(COMMAND))
 
 
 if __name__ == '__main__':

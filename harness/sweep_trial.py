@@ -75,16 +75,24 @@ class ChildSpec:
   log_path: str
   gin_files: List[str]
   bindings: List[str]
+  track_group: Optional[str] = None  # harness-sweep --track: the sweep's W&B group
 
   def command(self) -> List[str]:
     cmd = [sys.executable, '-m', 'harness.train', f'--root_dir={self.root_dir}']
     cmd += [f'--gin_file={f}' for f in self.gin_files]
     cmd += [f'--gin_bindings={b}' for b in self.bindings]
+    cmd += ['--track'] if self.track_group else []
     return cmd
+
+  def environment(self) -> Optional[Dict[str, str]]:
+    """The child's environment: ours, plus its W&B group when tracked."""
+    if not self.track_group:
+      return None
+    return dict(os.environ, WANDB_RUN_GROUP=self.track_group)
 
 
 def child_specs(sweep_dir: str, spec: sweep_spec.Spec, point: sweep_spec.Point,
-                seeds: Sequence[int]) -> List[ChildSpec]:
+                seeds: Sequence[int], track_group: Optional[str] = None) -> List[ChildSpec]:
   """The children of one point: one per seed."""
   children = []
   for seed in seeds:
@@ -92,7 +100,7 @@ def child_specs(sweep_dir: str, spec: sweep_spec.Spec, point: sweep_spec.Point,
     children.append(ChildSpec(
         trial.trial_id, sweep_spec.trial_dir(sweep_dir, trial.trial_id),
         sweep_spec.log_path(sweep_dir, trial.trial_id), list(spec.gin_files),
-        sweep_spec.trial_bindings(spec.bindings, point, seed)))
+        sweep_spec.trial_bindings(spec.bindings, point, seed), track_group))
   return children
 
 
@@ -142,7 +150,7 @@ class Child:
     self._tail.clear()
     self._process = subprocess.Popen(  # pylint: disable=consider-using-with,subprocess-popen-preexec-fn
         self.spec.command(), stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent_fn(), start_new_session=True,
+        env=self.spec.environment(), preexec_fn=_die_with_parent_fn(), start_new_session=True,
         cwd=os.path.dirname(self.spec.root_dir))
     log.close()  # The child holds its own descriptor.
     self._started = time.time()
@@ -233,15 +241,17 @@ class HarnessTrial(tune.Trainable):
 
   Config (from Tune): `point` (grid: the whole point) or `p0, p1, ...` (Optuna:
   the searcher's values of the swept names in order) and `seeds`. The sweep's
-  directory and spec come through `tune.with_parameters`.
+  directory, spec and W&B group (`--track`) come through `tune.with_parameters`.
   """
 
   def setup(self, config: Dict[str, Any], sweep_dir: str = '',  # pylint: disable=arguments-differ
-            spec_json: Optional[Dict[str, Any]] = None) -> None:
+            spec_json: Optional[Dict[str, Any]] = None,
+            track_group: Optional[str] = None) -> None:
     spec = sweep_spec.spec_from_json(spec_json or {})
     config = config.get('run', config)  # A grid run: {'point': ..., 'seeds': [seed]}
     point = config_point(spec, config)
-    self._children = [Child(c) for c in child_specs(sweep_dir, spec, point, config['seeds'])]
+    self._children = [Child(c) for c in child_specs(sweep_dir, spec, point, config['seeds'],
+                                                          track_group)]
     self._last_report = 0.0
     self._last_seen: Optional[tuple] = None
     for child in self._children:

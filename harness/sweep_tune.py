@@ -115,11 +115,13 @@ def optuna_space(sweeps: Sequence[Sweep]) -> Dict[str, Any]:
 
 
 def run_tune(root: str, spec: Spec, table: TrialTable, cpus_per_trial: float,
-             max_concurrent: Optional[int]) -> None:
+             max_concurrent: Optional[int], track_group: Optional[str] = None) -> None:
   """Runs the remaining trials on Ray Tune; the table records them as they end.
 
   Each trial reserves `cpus_per_trial` per seed it runs; at most
-  `max_concurrent` run at once (None: as many as the CPUs allow).
+  `max_concurrent` run at once (None: as many as the CPUs allow). With
+  `track_group` (harness-sweep --track) every harness-train child runs with
+  --track, in that W&B group.
   """
   from ray import train as ray_train  # pylint: disable=g-import-not-at-top
   from ray import tune  # pylint: disable=g-import-not-at-top
@@ -153,7 +155,8 @@ def run_tune(root: str, spec: Spec, table: TrialTable, cpus_per_trial: float,
                                   reuse_actors=True, trial_dirname_creator=lambda t: t.trial_id,
                                   trial_name_creator=lambda t: t.trial_id)
   trainable = tune.with_resources(
-      tune.with_parameters(sweep_trial.HarnessTrial, sweep_dir=root, spec_json=spec.to_json()),
+      tune.with_parameters(sweep_trial.HarnessTrial, sweep_dir=root, spec_json=spec.to_json(),
+                           track_group=track_group),
       {'cpu': per_trial})
   callback = _table_callback(table, spec, scheduler)
   tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,

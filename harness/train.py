@@ -27,6 +27,7 @@ from absl import logging
 import gin
 
 from harness import agents
+from harness import cli
 from harness import disk
 from harness import envs
 from harness import experiment
@@ -48,6 +49,10 @@ _REPLAY_ADDRESS = flags.DEFINE_string(
     '(for --job=replay: the port it listens on).')
 _COLLECTOR_ID = flags.DEFINE_integer(
     'collector_id', 0, 'Which collector this is (--job=collect): its seed and csv file.')
+
+_TRACK = flags.DEFINE_bool(
+    'track', False, "Also stream the run to Weights & Biases (pip install -e '.[wandb]'); "
+    'files under ROOT/wandb/. WANDB_MODE=offline needs no network.')
 
 _CHECK_ONLY = flags.DEFINE_bool(
     'check_only', False, 'Check the flags, gin files, bindings and environment, then exit '
@@ -146,7 +151,7 @@ def check_env() -> None:
 
 def _call_experiment() -> None:
   experiment.train_eval(root_dir=_ROOT_DIR.value, replay_address=_REPLAY_ADDRESS.value,
-                        job=_JOB.value, collector_id=_COLLECTOR_ID.value)
+                        job=_JOB.value, collector_id=_COLLECTOR_ID.value, track=_TRACK.value)
 
 
 def check_names(names: Sequence[str]) -> None:
@@ -167,6 +172,9 @@ def main(argv: List[str]) -> None:
   if not (_CHECK_ONLY.value and _ROOT_DIR.value is None):
     check_root_dir(_ROOT_DIR.value)
   check_job(_JOB.value, _REPLAY_ADDRESS.value)
+  if _TRACK.value:
+    from harness import tracking  # pylint: disable=g-import-not-at-top
+    tracking.check_ready()
   harness.quiet_tensorflow_logs()
   # Library output while checking the input (gin's logging of a missing file,
   # the ALE banner) is held back: a failed start shows only our error line.
@@ -202,18 +210,19 @@ def _main_with_clean_errors(argv: List[str]) -> None:
     sys.exit(e.exit_code)
 
 
-def _parse_flags(argv: List[str]) -> List[str]:
-  """absl's flag parsing, with a bad flag reported as one line and status 2."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f'{_PROGRAM}: error: {e}; see {_PROGRAM} --helpfull', file=sys.stderr)
-    sys.exit(UsageError.exit_code)
+COMMAND = cli.Command(
+    program=_PROGRAM,
+    summary='trains a DQN agent with TF-Agents and Reverb; an existing run in --root_dir '
+            'is resumed.',
+    usage='--root_dir=DIR --gin_file=FILE [--gin_bindings=BINDING ...] [flags]',
+    example='harness-train --root_dir=runs/cartpole --gin_file=gin/ddqn_cartpole.gin '
+            '--gin_bindings="train_eval.num_env_steps=20000"',
+    module=__name__)
 
 
 def run() -> None:
   """Console-script entry point."""
-  app.run(_main_with_clean_errors, flags_parser=_parse_flags)
+  app.run(_main_with_clean_errors, flags_parser=cli.flags_parser(COMMAND))
 
 
 if __name__ == '__main__':
