@@ -97,10 +97,17 @@ class LibraryFilter(std_logging.Filter):
 _FILTER = LibraryFilter()
 
 
-def setup_log() -> None:
-  """The absl log on stdout with libraries held back; call it inside `app.run`'s main."""
+def setup_log(to_stdout: bool = True) -> None:
+  """Libraries' records held back, and (`to_stdout`) the absl log on stdout.
+
+  Entry points call it inside `app.run`'s main. A Ray job passes
+  `to_stdout=False`: its log already goes to its own file (`actors.JobLog`),
+  and a Ray worker's `sys.stdout` is block-buffered, so lines sent there
+  stayed unwritten until the buffer filled or were lost when the job was killed.
+  """
   handler = logging.get_absl_handler().python_handler
-  handler.stream = sys.stdout
+  if to_stdout:
+    handler.stream = sys.stdout
   if _FILTER not in handler.filters:
     handler.addFilter(_FILTER)
   # Python warnings (autograph's SyntaxWarnings on generated code, deprecations)
