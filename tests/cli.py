@@ -16,6 +16,7 @@ TINY_BINDINGS = [
     'train_eval.batch_size=16',
     'train_eval.eval_interval=300',
     'train_eval.eval_episodes=2',
+    'train_eval.final_eval_episodes=2',  # results.json's final evaluation: 2, not 20
     'train_eval.log_interval=100',
     'train_eval.checkpoint_interval=300',
     'make_agent.fc_layer_params=(16,)',

@@ -246,6 +246,8 @@ def test_short_breakout_run_through_the_cli(tmp_path):
       'train_eval.batch_size=8',
       'train_eval.eval_interval=400',
       'train_eval.eval_episodes=1',
+      # results.json's final evaluation (20 games by default) would be most of the test.
+      'train_eval.final_eval_episodes=1',
       'train_eval.log_interval=100',
       'train_eval.checkpoint_interval=400',
       'make_agent.fc_layer_params=(32,)',

@@ -23,6 +23,7 @@ BASE = [
     'train_eval.log_interval=250',
     'train_eval.eval_interval=1000',
     'train_eval.eval_episodes=2',
+    'train_eval.final_eval_episodes=2',
     'train_eval.checkpoint_interval=1000',
     'make_agent.fc_layer_params=(32,)',
     'make_agent.epsilon_decay_steps=0',
