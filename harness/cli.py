@@ -17,6 +17,7 @@ from typing import Callable, List, Sequence
 
 from absl import flags
 
+from harness import errors
 from harness.errors import UsageError
 
 HELP_ARGS = ('--help', '-h', '-?', '--helpshort', '--help=true', '--helpshort=true')
@@ -125,23 +126,36 @@ def flags_parser(command: Command) -> Callable[[List[str]], List[str]]:
       sys.stdout.write(help_text(command))
       sys.stdout.flush()
       sys.exit(0)
-    try:
-      return flags.FLAGS(argv)
-    except flags.Error as e:
-      print(f'{command.program}: error: {e}; see {command.program} --help', file=sys.stderr)
-      sys.exit(UsageError.exit_code)
+    return _parse_or_exit(command.program, argv)
 
   return parse
 
 
 def plain_flags_parser(program: str) -> Callable[[List[str]], List[str]]:
   """absl's flag parsing (and help), with a bad flag as one line and exit status 2."""
+  return lambda argv: _parse_or_exit(program, argv)
 
-  def parse(argv: List[str]) -> List[str]:
+
+def _parse_or_exit(program: str, argv: List[str]) -> List[str]:
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'{program}: error: {e}; see {program} --help', file=sys.stderr)
+    sys.exit(UsageError.exit_code)
+
+
+def run_app(program: str, main: Callable[[List[str]], None], command=None) -> None:
+  """`absl.app.run(main)`, with the log on stdout and a UsageError as one line, exit 2;
+  with `command` (a `Command`), `--help` lists the command's own flags."""
+  from absl import app, logging  # pylint: disable=g-import-not-at-top
+
+  def main_with_clean_errors(argv: List[str]) -> None:
+    errors.log_to_stdout()
     try:
-      return flags.FLAGS(argv)
-    except flags.Error as e:
-      print(f'{program}: error: {e}; see {program} --help', file=sys.stderr)
+      main(argv)
+    except UsageError as e:
+      errors.report(program, e, logging.get_verbosity() >= logging.DEBUG)
       sys.exit(UsageError.exit_code)
 
-  return parse
+  app.run(main_with_clean_errors,
+          flags_parser=flags_parser(command) if command else plain_flags_parser(program))

@@ -18,7 +18,7 @@ import re
 import sys
 import tempfile
 import tokenize
-from typing import Callable, Iterator, List, Sequence
+from typing import Iterator, List, Sequence
 
 import gin
 
@@ -47,24 +47,6 @@ def report(program: str, error: BaseException, verbose: bool) -> None:
     import traceback  # pylint: disable=g-import-not-at-top
     traceback.print_exception(error)
   print(f'{program}: error: {first_line(error)}', file=sys.stderr, flush=True)
-
-
-def run_app(program: str, main: Callable[[List[str]], None], command=None) -> None:
-  """`absl.app.run(main)`, with the log on stdout and a UsageError as one line, exit 2;
-  with `command` (a `cli.Command`), `--help` lists the command's own flags."""
-  from absl import app, logging  # pylint: disable=g-import-not-at-top
-  from harness import cli  # pylint: disable=g-import-not-at-top
-
-  def main_with_clean_errors(argv: List[str]) -> None:
-    log_to_stdout()
-    try:
-      main(argv)
-    except UsageError as e:
-      report(program, e, logging.get_verbosity() >= logging.DEBUG)
-      sys.exit(UsageError.exit_code)
-
-  app.run(main_with_clean_errors,
-          flags_parser=cli.flags_parser(command) if command else cli.plain_flags_parser(program))
 
 
 def log_to_stdout() -> None:

@@ -157,7 +157,7 @@ def main(argv: List[str]) -> None:
 
 def run() -> None:
   """Console-script entry point."""
-  errors.run_app(_PROGRAM, main, cli.Command(
+  cli.run_app(_PROGRAM, main, cli.Command(
       program=_PROGRAM,
       summary='plays a saved policy, reports its return and can write an episode as a video.',
       usage='--policy_dir=ROOT/policies/NAME [--episodes=N] [--video=FILE.gif] [flags]',

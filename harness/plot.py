@@ -26,7 +26,6 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 
 from harness import aggregate  # pylint: disable=wrong-import-position
 from harness import cli  # pylint: disable=wrong-import-position
-from harness import errors  # pylint: disable=wrong-import-position
 from harness import sweep_spec  # pylint: disable=wrong-import-position
 from harness.errors import UsageError  # pylint: disable=wrong-import-position
 
@@ -168,7 +167,7 @@ def main(argv: List[str]) -> None:
 
 def run() -> None:
   """Console-script entry point."""
-  errors.run_app(_PROGRAM, main, cli.Command(
+  cli.run_app(_PROGRAM, main, cli.Command(
       program=_PROGRAM,
       summary='draws the learning curves of runs (or the IQM curves of a sweep) to a PNG.',
       usage='ROOT [ROOT ...] --out=FILE.png [--title=TITLE]',

@@ -39,7 +39,6 @@ from absl import logging
 
 from harness import aggregate
 from harness import cli
-from harness import errors
 from harness import ray_runtime
 from harness import sweep_spec
 from harness import sweep_tune
@@ -267,15 +266,6 @@ def main(argv: List[str]) -> None:
   sys.exit(finish(root, table))
 
 
-def _main_with_clean_errors(argv: List[str]) -> None:
-  errors.log_to_stdout()
-  try:
-    main(argv)
-  except UsageError as e:
-    errors.report(_PROGRAM, e, logging.get_verbosity() >= logging.DEBUG)
-    sys.exit(UsageError.exit_code)
-
-
 COMMAND = cli.Command(
     program=_PROGRAM,
     summary='runs seeds x settings (a grid, or an Optuna search) as harness-train trials on '
@@ -287,8 +277,7 @@ COMMAND = cli.Command(
 
 def run() -> None:
   """Console-script entry point."""
-  from absl import app  # pylint: disable=g-import-not-at-top
-  app.run(_main_with_clean_errors, flags_parser=cli.flags_parser(COMMAND))
+  cli.run_app(_PROGRAM, main, COMMAND)
 
 
 if __name__ == '__main__':
