@@ -16,16 +16,15 @@ from typing import Optional
 from absl import logging
 import gin
 import numpy as np
-from tf_agents.drivers import py_driver
 from tf_agents.environments import py_environment
 from tf_agents.policies import epsilon_greedy_policy
-from tf_agents.policies import py_epsilon_greedy_policy
 from tf_agents.policies import py_tf_eager_policy
 
 from harness import checkpoints
 from harness import collect
 from harness import disk
 from harness import envs
+from harness import evaluation
 from harness import learn
 from harness import memory
 from harness import metrics
@@ -33,20 +32,6 @@ from harness import results
 from harness import video
 from harness.parts import AgentParts
 from harness.settings import RunConfig
-
-
-@dataclasses.dataclass
-class Evaluation:
-  """Greedy-policy evaluation on an env of its own."""
-  env: py_environment.PyEnvironment
-  policy: object
-  episodes: int
-
-  def run(self) -> metrics.EpisodeStats:
-    stats = metrics.EpisodeStats(num_envs=1, window=self.episodes)
-    driver = py_driver.PyDriver(self.env, self.policy, [stats], max_episodes=self.episodes)
-    driver.run(self.env.reset())
-    return stats
 
 
 class Reporter:
@@ -70,8 +55,8 @@ class Reporter:
     self._train_summaries = metrics.SummaryWriter(checkpoints.train_dir(root))
     self._eval_summaries = metrics.SummaryWriter(os.path.join(root, 'eval'))
     self.exporter = checkpoints.PolicyExporter(root, parts.agent)
-    eval_env = envs.make_env(seed=cfg.seed + 10_000)
-    self._evaluation = Evaluation(eval_env, self._eval_policy(eval_env), cfg.eval_episodes)
+    self._evaluation = self._make_evaluation(self._greedy_policy, cfg.eval_episodes,
+                                             cfg.seed + 10_000)
     self._recorder = (video.Recorder(root, envs.make_env, self._eval_policy, cfg.seed + 30_000,
                                      cfg.video_format) if cfg.video_interval else None)
     self._tracker = None
@@ -88,8 +73,19 @@ class Reporter:
     self._last = None
     self._start = None
 
+  def _greedy_policy(self, env: py_environment.PyEnvironment) -> collect.CompiledPolicy:
+    """The greedy policy compiled for `env` (evaluations add `eval_epsilon` themselves)."""
+    return collect.CompiledPolicy(self._parts.agent.policy, env)
+
+  def _make_evaluation(self, policy_for, episodes: int, seed: int) -> evaluation.Evaluation:
+    """Episodes side by side on envs of their own (seeds seed, seed+1, ...)."""
+    env = evaluation.make_eval_env(episodes, seed)
+    return evaluation.Evaluation(env, policy_for(env), episodes,
+                                 epsilon=self._cfg.eval_epsilon, seed=seed)
+
   def _eval_policy(self, env: py_environment.PyEnvironment) -> collect.CompiledPolicy:
-    """The greedy policy (epsilon-greedy with `eval_epsilon`), compiled for `env`."""
+    """The greedy policy (epsilon-greedy with `eval_epsilon`), compiled for `env`
+    (the videos' policy)."""
     policy = self._parts.agent.policy
     if self._cfg.eval_epsilon > 0:
       policy = epsilon_greedy_policy.EpsilonGreedyPolicy(policy, self._cfg.eval_epsilon)
@@ -124,8 +120,8 @@ class Reporter:
     """Runs the greedy policy; exports it as best_policy when it beats the best."""
     train_step = int(self._parts.train_step.numpy())
     result = self._evaluation.run()
-    mean, std = metrics.mean_std(result.recent_returns)
-    length = float(np.mean(result.recent_lengths))
+    mean, std = metrics.mean_std(result.returns)
+    length = float(np.mean(result.lengths))
     row = {'train_step': train_step, 'env_steps': env_steps, 'wall_time': time.time(),
            'avg_return': mean, 'std_return': std, 'avg_episode_length': length,
            'episodes': result.episodes}
@@ -165,13 +161,14 @@ class Reporter:
       return
     episodes_each = self._cfg.final_eval_episodes
     seed = self._cfg.seed + 20_000
-    final = self._final_evaluation(self._eval_policy, seed).run()
-    final_mean, final_std = metrics.mean_std(final.recent_returns)
+    final = self._run_once(self._make_evaluation(self._greedy_policy, episodes_each, seed))
+    final_mean, final_std = metrics.mean_std(final.returns)
     best_mean, best_std = final_mean, final_std
     best_dir = self.exporter.path('best_policy')
     if os.path.isfile(os.path.join(best_dir, 'saved_model.pb')):
-      best = self._final_evaluation(self._saved_policy(best_dir), seed).run()
-      best_mean, best_std = metrics.mean_std(best.recent_returns)
+      best = self._run_once(self._make_evaluation(lambda env: self._saved_policy(best_dir),
+                                                  episodes_each, seed))
+      best_mean, best_std = metrics.mean_std(best.returns)
     values = {
         'final_return': final_mean, 'final_return_std': final_std,
         'best_policy_return': best_mean, 'best_policy_return_std': best_std,
@@ -185,21 +182,20 @@ class Reporter:
     logging.info('final policy: return %.1f +- %.1f over %d episodes; best_policy: %.1f +- %.1f '
                  '(%s)', final_mean, final_std, episodes_each, best_mean, best_std, path)
 
-  def _final_evaluation(self, policy, seed: int) -> 'Evaluation':
-    env = envs.make_env(seed=seed)
-    if callable(policy):
-      policy = policy(env)
-    return Evaluation(env, policy, self._cfg.final_eval_episodes)
+  @staticmethod
+  def _run_once(once: evaluation.Evaluation) -> evaluation.EvalResult:
+    try:
+      return once.run()
+    finally:
+      once.close()
 
   def _saved_policy(self, policy_dir: str):
-    """An exported policy as a py policy, epsilon-greedy like the evaluations."""
-    policy = py_tf_eager_policy.SavedModelPyTFEagerPolicy(
-        policy_dir, load_specs_from_pbtxt=True, use_tf_function=True)
-    if self._cfg.eval_epsilon > 0:
-      policy = py_epsilon_greedy_policy.EpsilonGreedyPolicy(policy, self._cfg.eval_epsilon)
-    return policy
+    """An exported policy as a py policy for a batched env."""
+    return py_tf_eager_policy.SavedModelPyTFEagerPolicy(
+        policy_dir, load_specs_from_pbtxt=True, use_tf_function=True, batch_time_steps=False)
 
   def close(self) -> None:
+    self._evaluation.close()
     self._train_summaries.close()
     self._eval_summaries.close()
     if self._recorder:

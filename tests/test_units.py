@@ -1,7 +1,7 @@
 """The fast tier: pure functions tested in-process, in milliseconds.
 
 Binding checks, the resume comparison, rate-limiter maths, the interval
-triggers and results.json. The real-parts suite (subprocesses, Reverb, envs)
+triggers, results.json and the evaluation's episode counting. The real-parts suite (subprocesses, Reverb, envs)
 lives in the other files.
 """
 
@@ -10,12 +10,19 @@ import json
 import re
 
 import gin
+import numpy as np
 import pytest
+from tf_agents.environments import batched_py_environment
+from tf_agents.environments import py_environment
+from tf_agents.policies import random_py_policy
+from tf_agents.specs import array_spec
+from tf_agents.trajectories import time_step as ts
 
 from harness import actors
 from harness import agents
 from harness import distributed
 from harness import errors
+from harness import evaluation
 from harness import experiment
 from harness import results
 from harness import resume
@@ -181,3 +188,53 @@ def test_results_round_trip_and_torn_file(tmp_path):
   assert results.read_results(str(tmp_path)) is None
   (tmp_path / results.RESULTS_FILE).write_text(json.dumps({'final_return': 1.0}))
   assert results.read_results(str(tmp_path)) is None  # incomplete
+
+
+# --- evaluation -------------------------------------------------------------------
+
+class _FixedLengthEnv(py_environment.PyEnvironment):
+  """Episodes of exactly `length` steps, reward 1 per step, whatever the action."""
+
+  def __init__(self, length: int):
+    super().__init__(handle_auto_reset=True)
+    self._length = length
+    self._t = 0
+
+  def observation_spec(self):
+    return array_spec.ArraySpec((1,), np.float32)
+
+  def action_spec(self):
+    return array_spec.BoundedArraySpec((), np.int64, 0, 1)
+
+  def _reset(self):
+    self._t = 0
+    return ts.restart(np.zeros(1, np.float32))
+
+  def _step(self, action):
+    self._t += 1
+    observation = np.full(1, self._t, np.float32)
+    if self._t == self._length:
+      return ts.termination(observation, np.float32(1.0))
+    return ts.transition(observation, np.float32(1.0))
+
+
+@pytest.mark.parametrize('episodes,epsilon,expected', [
+    (3, 0.0, [1, 2, 3]), (5, 0.0, [1, 2, 3, 1, 2]), (3, 1.0, [1, 2, 3])])
+def test_evaluation_counts_one_episode_per_env_not_the_first_to_finish(episodes, epsilon,
+                                                                       expected):
+  # Three envs whose episodes last 1, 2 and 3 steps: the first three episodes to
+  # finish would be 1, 1 and 2 steps long (short episodes favoured).
+  env = batched_py_environment.BatchedPyEnvironment([_FixedLengthEnv(n) for n in (1, 2, 3)])
+  policy = random_py_policy.RandomPyPolicy(env.time_step_spec(), env.action_spec(),
+                                           outer_dims=(3,))
+  result = evaluation.Evaluation(env, policy, episodes, epsilon=epsilon, seed=0).run()
+  assert result.lengths == expected
+  assert result.returns == [float(n) for n in expected]
+  assert result.episodes == episodes
+
+
+def test_eval_env_is_as_wide_as_the_episodes_up_to_the_cap():
+  gin.clear_config()
+  assert evaluation.make_eval_env(3, seed=0).batch_size == 3
+  wide = evaluation.make_eval_env(evaluation.MAX_PARALLEL_EPISODES + 5, seed=0)
+  assert wide.batch_size == evaluation.MAX_PARALLEL_EPISODES
