@@ -11,9 +11,11 @@ flags stay in `--helpfull`.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import os
 import sys
-from typing import Callable, List, Sequence
+from typing import Callable, List, NoReturn, Sequence
 
 from absl import flags
 
@@ -159,3 +161,28 @@ def run_app(program: str, main: Callable[[List[str]], None], command=None) -> No
 
   app.run(main_with_clean_errors,
           flags_parser=flags_parser(command) if command else plain_flags_parser(program))
+
+
+def exit_without_teardown(code: object) -> NoReturn:
+  """Ends the process as `sys.exit(code)` would, minus the native teardown.
+
+  After a run has written and closed everything, the interpreter still tears
+  down TensorFlow and Reverb: their C++ destructors (no Python frame left)
+  took 0.1 s on an idle machine and 20 s with two other runs starting beside
+  it (measured on harness-train exits in a sweep). The atexit handlers still
+  run (logging, W&B) and the standard streams are flushed; then `os._exit`.
+  """
+  if code is None:
+    status = 0
+  elif isinstance(code, int):
+    status = code
+  else:  # sys.exit('message'): the message on stderr, status 1
+    print(code, file=sys.stderr)
+    status = 1
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      pass
+  os._exit(status)  # pylint: disable=protected-access

@@ -222,7 +222,10 @@ COMMAND = cli.Command(
 
 def run() -> None:
   """Console-script entry point."""
-  app.run(_main_with_clean_errors, flags_parser=cli.flags_parser(COMMAND))
+  try:
+    app.run(_main_with_clean_errors, flags_parser=cli.flags_parser(COMMAND))
+  except SystemExit as e:
+    cli.exit_without_teardown(e.code)
 
 
 if __name__ == '__main__':

@@ -10,13 +10,12 @@ without touching other people's processes on a shared machine.
 import hashlib
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import psutil
 import pytest
@@ -107,17 +106,27 @@ def assert_nothing_left(tag: str, wait: float = 20.0) -> None:
 TIMEOUT = 1800
 
 
+# Ray helpers that embedded Ray must not start (ray_runtime._no_idle_helpers).
+IDLE_HELPERS = ('log_monitor.py', 'autoscaler/_private/monitor.py')
+
+
 def run_sweep(cmd: List[str], tag: str, timeout: float = TIMEOUT,
               watch_for_ray: bool = False) -> subprocess.CompletedProcess:
-  """Runs a sweep to its end; with `watch_for_ray`, returns `.ray_seen` too."""
+  """Runs a sweep to its end; with `watch_for_ray`, returns `.ray_seen` (raylet or
+  GCS seen) and `.idle_helpers_seen` (command lines of IDLE_HELPERS seen) too."""
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           cwd=REPO, env=tagged_env(tag), start_new_session=True)
-  ray_seen = False
+  ray_seen, helpers_seen = False, set()
   try:
     if watch_for_ray:
       while proc.poll() is None:
-        names = {p.name() for p in tagged_processes(tag) if p.pid != proc.pid}
-        ray_seen |= bool(names & {'raylet', 'gcs_server'})
+        for p in tagged_processes(tag):
+          try:
+            name, line = p.name(), ' '.join(p.cmdline())
+          except psutil.Error:
+            continue
+          ray_seen |= name in ('raylet', 'gcs_server')
+          helpers_seen.update(line[:200] for h in IDLE_HELPERS if h in line)
         time.sleep(0.2)
     out, err = proc.communicate(timeout=timeout)
   except BaseException:
@@ -125,6 +134,7 @@ def run_sweep(cmd: List[str], tag: str, timeout: float = TIMEOUT,
     raise
   result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
   result.ray_seen = ray_seen
+  result.idle_helpers_seen = helpers_seen
   return result
 
 
@@ -321,7 +331,7 @@ def grid_sweep(tmp_path_factory):
   """A 2 x 2 grid (two learning rates, two seeds), run once for the tests below."""
   root = str(tmp_path_factory.mktemp('grid') / 'sweep')
   tag = uuid.uuid4().hex
-  result = run_sweep(sweep_command(root), tag)
+  result = run_sweep(sweep_command(root), tag, watch_for_ray=True)
   assert_nothing_left(tag)
   return root, result
 
@@ -329,6 +339,8 @@ def grid_sweep(tmp_path_factory):
 def test_grid_completes_with_run_dirs_and_tables(grid_sweep):
   root, result = grid_sweep
   assert result.returncode == 0, tail(result)
+  assert result.ray_seen
+  assert not result.idle_helpers_seen  # no autoscaler monitor, no log monitor
   trials = sorted(os.listdir(os.path.join(root, 'trials')))
   assert trials == ['learning_rate=1e-3,seed=0', 'learning_rate=1e-3,seed=1',
                     'learning_rate=3e-3,seed=0', 'learning_rate=3e-3,seed=1']
