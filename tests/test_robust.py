@@ -72,6 +72,13 @@ def _snapshot(root):
   return tree
 
 
+def _default_sigint():
+  """preexec_fn: SIGINT back to its default in the child. A pytest started as a
+  background job of a script inherits SIGINT ignored, and the harness keeps an
+  ignored SIGINT ignored (test_a_signal_ignored_at_start_stays_ignored)."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Launch:
   """`python -m harness.train` in the background, its output in files."""
 
@@ -82,7 +89,8 @@ class Launch:
     cmd = [sys.executable, '-m', 'harness.train', f'--root_dir={root}',
            f'--gin_file={CARTPOLE_GIN}'] + [f'--gin_bindings={b}' for b in bindings]
     with open(self.out_path, 'w') as out, open(self.err_path, 'w') as err:
-      self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err)
+      self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err,
+                                   preexec_fn=_default_sigint)
 
   @property
   def pid(self):
@@ -426,7 +434,7 @@ _WATCHED = textwrap.dedent("""
     """)
 
 
-def _watched(grace, mode, preexec_fn=None):
+def _watched(grace, mode, preexec_fn=_default_sigint):
   proc = subprocess.Popen([sys.executable, '-c', _WATCHED, str(grace), mode], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           preexec_fn=preexec_fn)
