@@ -3,8 +3,8 @@
 A run evaluates its greedy policy every `eval_interval` env steps and twice
 more at the end (results.json). Played one after the other on one env, every
 step costs a policy call: on CartPole (500-step episodes) the evaluations took
-most of a 50,000-step run's wall time. Here `episodes` envs step as one batch,
-so one policy call serves them all.
+44 % of a 50,000-step run's wall time. Here `episodes` envs step as one batch,
+so one policy call serves them all (the run: 259 s -> 170 s).
 
 Each env plays exactly one episode per round and its first episode only
 counts. tf-agents' PyDriver with `max_episodes` on a batched env would count
