@@ -1,13 +1,17 @@
 """The fast tier: pure functions tested in-process, in milliseconds.
 
 Binding checks, the resume comparison, rate-limiter maths, the interval
-triggers, results.json and the evaluation's episode counting. The real-parts suite (subprocesses, Reverb, envs)
+triggers, results.json and the evaluation's episode counting; `exit_without_teardown`
+in a small Python process of its own (no TensorFlow). The real-parts suite (subprocesses, Reverb, envs)
 lives in the other files.
 """
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 
 import gin
 import numpy as np
@@ -238,3 +242,21 @@ def test_eval_env_is_as_wide_as_the_episodes_up_to_the_cap():
   assert evaluation.make_eval_env(3, seed=0).batch_size == 3
   wide = evaluation.make_eval_env(evaluation.MAX_PARALLEL_EPISODES + 5, seed=0)
   assert wide.batch_size == evaluation.MAX_PARALLEL_EPISODES
+
+
+# --- exit without teardown --------------------------------------------------------
+
+@pytest.mark.parametrize('code,status,stderr', [(None, 0, ''), (143, 143, ''),
+                                                ('bad thing', 1, 'bad thing')])
+def test_exit_without_teardown_keeps_sys_exit_meaning_and_runs_atexit(code, status, stderr):
+  program = ('import atexit, sys\n'
+             'from harness import cli\n'
+             'atexit.register(lambda: print("atexit ran", flush=True))\n'
+             'print("before", end="")\n'  # unflushed: must still come out
+             f'cli.exit_without_teardown({code!r})\n'
+             'print("not reached")\n')
+  result = subprocess.run([sys.executable, '-c', program], capture_output=True, text=True,
+                          timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert result.returncode == status
+  assert result.stdout == 'beforeatexit ran\n'
+  assert result.stderr.strip() == stderr
