@@ -2,12 +2,20 @@
 
 Usage:
   python scripts/bench_launch.py [--collectors 1 2] [--steps 15000] [--out_dir runs/bench_launch]
+      [--gin_file gin/ddqn_cartpole.gin]
 
-Each run: `harness-launch --gin_file=gin/ddqn_cartpole.gin --num_collectors=N` on embedded Ray,
+Each run: `harness-launch --gin_file=GIN --num_collectors=N` on embedded Ray,
 `train_eval.num_env_steps=STEPS`, evaluation off (an eval interval past the target, two final
 episodes). Start-up is excluded: a collector's rate runs from its first row acting with the
 learner's weights (`policy_train_step` > 0) to its last row, and the aggregate is the sum over
 the collectors. The learner's train steps/s come from metrics.csv (first row to last row).
+
+The old launcher's figures (388 and 403 env steps/s, README of commit e105547) were measured with
+that commit's CartPole config (replay ratio 1, 16 env steps then 16 gradient steps, 1-step
+targets, no dueling head); for a like-for-like comparison:
+
+  git show e105547:gin/ddqn_cartpole.gin > /tmp/cartpole_e105547.gin
+  python scripts/bench_launch.py --gin_file /tmp/cartpole_e105547.gin
 """
 
 import argparse
@@ -40,13 +48,14 @@ def main():
   parser.add_argument('--collectors', type=int, nargs='+', default=[1, 2])
   parser.add_argument('--steps', type=int, default=15_000)
   parser.add_argument('--out_dir', default=os.path.join(REPO, 'runs', 'bench_launch'))
+  parser.add_argument('--gin_file', default=os.path.join(REPO, 'gin', 'ddqn_cartpole.gin'))
   args = parser.parse_args()
   print(f'load average before: {os.getloadavg()}', flush=True)
   for n in args.collectors:
     root = os.path.join(args.out_dir, f'collectors-{n}')
     shutil.rmtree(root, ignore_errors=True)
     cmd = [sys.executable, '-m', 'harness.launch', f'--root_dir={root}',
-           '--gin_file=gin/ddqn_cartpole.gin', f'--num_collectors={n}',
+           f'--gin_file={os.path.abspath(args.gin_file)}', f'--num_collectors={n}',
            f'--gin_bindings=train_eval.num_env_steps={args.steps}',
            f'--gin_bindings=train_eval.eval_interval={10 * args.steps}',
            '--gin_bindings=train_eval.final_eval_episodes=2']
