@@ -434,10 +434,25 @@ _WATCHED = textwrap.dedent("""
     """)
 
 
+_WATCHED_PROCS = []
+
+
+@pytest.fixture(autouse=True)
+def _no_watched_process_left():
+  """A failed signal test must not leave its watched process looping forever."""
+  yield
+  while _WATCHED_PROCS:
+    proc = _WATCHED_PROCS.pop()
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+
+
 def _watched(grace, mode, preexec_fn=_default_sigint):
   proc = subprocess.Popen([sys.executable, '-c', _WATCHED, str(grace), mode], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           preexec_fn=preexec_fn)
+  _WATCHED_PROCS.append(proc)
   assert proc.stdout.readline().strip() == 'ready'
   return proc
 
