@@ -17,7 +17,6 @@ from absl import logging
 import gin
 import numpy as np
 from tf_agents.environments import py_environment
-from tf_agents.policies import epsilon_greedy_policy
 from tf_agents.policies import py_tf_eager_policy
 
 from harness import checkpoints
@@ -57,8 +56,9 @@ class Reporter:
     self.exporter = checkpoints.PolicyExporter(root, parts.agent)
     self._evaluation = self._make_evaluation(self._greedy_policy, cfg.eval_episodes,
                                              cfg.seed + 10_000)
-    self._recorder = (video.Recorder(root, envs.make_env, self._eval_policy, cfg.seed + 30_000,
-                                     cfg.video_format) if cfg.video_interval else None)
+    self._recorder = (video.Recorder(root, envs.make_env, self._greedy_policy, cfg.seed + 30_000,
+                                     cfg.video_format, epsilon=cfg.eval_epsilon)
+                      if cfg.video_interval else None)
     self._tracker = None
     # One W&B run per ROOT: the job that writes the checkpoints streams to it.
     if cfg.track and cfg.job in ('all', 'learn'):
@@ -74,7 +74,8 @@ class Reporter:
     self._start = None
 
   def _greedy_policy(self, env: py_environment.PyEnvironment) -> collect.CompiledPolicy:
-    """The greedy policy compiled for `env` (evaluations add `eval_epsilon` themselves)."""
+    """The greedy policy compiled for `env` (evaluations and videos add `eval_epsilon`
+    themselves, per env)."""
     return collect.CompiledPolicy(self._parts.agent.policy, env)
 
   def _make_evaluation(self, policy_for, episodes: int, seed: int) -> evaluation.Evaluation:
@@ -82,14 +83,6 @@ class Reporter:
     env = evaluation.make_eval_env(episodes, seed)
     return evaluation.Evaluation(env, policy_for(env), episodes,
                                  epsilon=self._cfg.eval_epsilon, seed=seed)
-
-  def _eval_policy(self, env: py_environment.PyEnvironment) -> collect.CompiledPolicy:
-    """The greedy policy (epsilon-greedy with `eval_epsilon`), compiled for `env`
-    (the videos' policy)."""
-    policy = self._parts.agent.policy
-    if self._cfg.eval_epsilon > 0:
-      policy = epsilon_greedy_policy.EpsilonGreedyPolicy(policy, self._cfg.eval_epsilon)
-    return collect.CompiledPolicy(policy, env)
 
   def log(self, row: dict) -> None:
     """Appends a metrics row (steps_per_sec filled in) and prints the progress line."""

@@ -143,16 +143,20 @@ def read_gif(path: str, fps: int = 30) -> List[np.ndarray]:
 class Recorder:
   """Records one greedy episode of a training run to ROOT/videos/<env_steps>.<format>.
 
-  `policy_for(env)` gives the run's evaluation policy compiled for the
-  recorder's env (an unbatched env made with `render_mode='rgb_array'`).
+  `policy_for(env)` gives the run's greedy policy compiled for the recorder's
+  env (an unbatched env made with `render_mode='rgb_array'`); with `epsilon` > 0
+  a random action replaces the policy's with that probability, as in the
+  run's evaluations (`train_eval.eval_epsilon`).
   """
 
   def __init__(self, root_dir: str, make_env: Callable[..., object],
                policy_for: Callable[[object], object], seed: int, video_format: str = 'gif',
-               fps: int = 30):
+               fps: int = 30, epsilon: float = 0.0):
     self.folder = os.path.join(root_dir, 'videos')
     self._env = make_env(seed=seed, render_mode='rgb_array')
     self._policy = policy_for(self._env)
+    self._epsilon = epsilon
+    self._rng = np.random.default_rng(seed)
     self._format = video_format
     self._fps = fps
 
@@ -161,7 +165,8 @@ class Recorder:
 
   def record(self, env_steps: int) -> Tuple[str, float, int]:
     """Plays one episode; returns the video's path, the episode's return and length."""
-    returns, lengths, frames = play(lambda step: self._policy.action(step).action, self._env)
+    returns, lengths, frames = play(lambda step: self._policy.action(step).action, self._env,
+                                    epsilon=self._epsilon, rng=self._rng)
     return write(frames, self.path(env_steps), self._fps), returns[0], lengths[0]
 
   def close(self) -> None:

@@ -203,6 +203,7 @@ class _FixedLengthEnv(py_environment.PyEnvironment):
     super().__init__(handle_auto_reset=True)
     self._length = length
     self._t = 0
+    self.actions = []
 
   def observation_spec(self):
     return array_spec.ArraySpec((1,), np.float32)
@@ -215,6 +216,7 @@ class _FixedLengthEnv(py_environment.PyEnvironment):
     return ts.restart(np.zeros(1, np.float32))
 
   def _step(self, action):
+    self.actions.append(int(action))
     self._t += 1
     observation = np.full(1, self._t, np.float32)
     if self._t == self._length:
@@ -235,6 +237,23 @@ def test_evaluation_counts_one_episode_per_env_not_the_first_to_finish(episodes,
   assert result.lengths == expected
   assert result.returns == [float(n) for n in expected]
   assert result.episodes == episodes
+
+
+@pytest.mark.parametrize('epsilon', [0.0, 0.5])
+def test_evaluation_epsilon_replaces_some_actions_per_env(epsilon):
+  # The policy always says 0; only the evaluation's epsilon can play a 1.
+  envs_ = [_FixedLengthEnv(50) for _ in range(3)]
+  env = batched_py_environment.BatchedPyEnvironment(envs_)
+  always_zero = array_spec.BoundedArraySpec((), np.int64, 0, 0)
+  policy = random_py_policy.RandomPyPolicy(env.time_step_spec(), always_zero, outer_dims=(3,))
+  evaluation.Evaluation(env, policy, 3, epsilon=epsilon, seed=0).run()
+  for one in envs_:
+    played = one.actions[:50]  # its counted episode
+    share = sum(played) / len(played)
+    if epsilon == 0:
+      assert share == 0
+    else:  # random action with probability 0.5, a 1 half of those times
+      assert 0.05 < share < 0.5
 
 
 def test_eval_env_is_as_wide_as_the_episodes_up_to_the_cap():
