@@ -82,30 +82,41 @@ def start(address: Optional[str], num_cpus: Optional[int] = None) -> None:
 
 @contextlib.contextmanager
 def _no_idle_helpers() -> Iterator[None]:
-  """While embedded Ray starts: no autoscaler monitor and no log monitor.
+  """While embedded Ray starts: no autoscaler monitor, log monitor or dashboard head.
 
-  On one node with nothing to autoscale, and with `log_to_driver=False`, both
-  idle for the whole sweep or launch, yet they are two Python processes of
-  ~73 MiB RSS each (measured with Ray 2.40), about an eighth of what a sweep's
-  driver and Ray hold. `ray start` can leave out the first (`--no-monitor`),
-  `ray.init` neither: the node parameters it builds get both switches here.
-  Ray is pinned (setup.cfg); tests/test_sweep.py checks that neither process runs.
+  On one node with nothing to autoscale, with `log_to_driver=False` and with
+  the dashboard off, all three idle for the whole sweep or launch, yet they are
+  three Python processes of 73-87 MiB RSS each (measured with Ray 2.40), about
+  a fifth of what a sweep's driver and Ray hold. (`include_dashboard=False`
+  still starts the dashboard's head process, for Ray's usage statistics, which
+  we turn off.) `ray start` can leave out the monitor (`--no-monitor`),
+  `ray.init` none of them: the node parameters it builds get the first two
+  switches here, and the node skips the head the way Ray does when it fails to
+  start (no dashboard URL, the rest runs). Ray is pinned (setup.cfg);
+  tests/test_sweep.py checks that none of the three runs.
   """
+  from ray._private import node  # pylint: disable=g-import-not-at-top
   from ray._private import parameter  # pylint: disable=g-import-not-at-top
 
-  original = parameter.RayParams
+  original_params = parameter.RayParams
+  original_api_server = node.Node.start_api_server
 
-  class WithoutIdleHelpers(original):  # pylint: disable=missing-class-docstring
+  class WithoutIdleHelpers(original_params):  # pylint: disable=missing-class-docstring
 
     def __init__(self, *args, **kwargs):
       kwargs.update(no_monitor=True, include_log_monitor=False)
       super().__init__(*args, **kwargs)
 
+  def without_api_server(self, **unused_kwargs) -> None:
+    self._webui_url = None  # pylint: disable=protected-access
+
   parameter.RayParams = WithoutIdleHelpers
+  node.Node.start_api_server = without_api_server
   try:
     yield
   finally:
-    parameter.RayParams = original
+    parameter.RayParams = original_params
+    node.Node.start_api_server = original_api_server
 
 
 def _worker_messages_to_debug_log() -> None:

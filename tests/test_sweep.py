@@ -107,7 +107,7 @@ TIMEOUT = 1800
 
 
 # Ray helpers that embedded Ray must not start (ray_runtime._no_idle_helpers).
-IDLE_HELPERS = ('log_monitor.py', 'autoscaler/_private/monitor.py')
+IDLE_HELPERS = ('log_monitor.py', 'autoscaler/_private/monitor.py', 'dashboard/dashboard.py')
 
 
 def run_sweep(cmd: List[str], tag: str, timeout: float = TIMEOUT,
@@ -340,7 +340,7 @@ def test_grid_completes_with_run_dirs_and_tables(grid_sweep):
   root, result = grid_sweep
   assert result.returncode == 0, tail(result)
   assert result.ray_seen
-  assert not result.idle_helpers_seen  # no autoscaler monitor, no log monitor
+  assert not result.idle_helpers_seen  # no autoscaler monitor, log monitor, dashboard head
   trials = sorted(os.listdir(os.path.join(root, 'trials')))
   assert trials == ['learning_rate=1e-3,seed=0', 'learning_rate=1e-3,seed=1',
                     'learning_rate=3e-3,seed=0', 'learning_rate=3e-3,seed=1']
