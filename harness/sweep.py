@@ -193,6 +193,7 @@ def start_ray(cpus_needed: float) -> None:
 def finish(root: str, table: TrialTable) -> int:
   """summary.csv, summary.png and the table on stdout; returns the exit status."""
   table.write()
+  table.flush()
   png = os.path.join(root, aggregate.SUMMARY_PNG)
   aggregate.plot_sweep(root, png)
   print(aggregate.format_table(table.summary(), table.swept), flush=True)

@@ -286,6 +286,26 @@ def test_summary_rows_use_done_trials_only():
   assert row['best_iqm'] == pytest.approx(300)
 
 
+def test_table_writes_the_summary_off_the_callers_thread(tmp_path):
+  from harness.sweep_table import TrialTable
+  sweeps = sweep_spec.parse_sweeps([LR_GRID], 'grid')
+  spec = sweep_spec.Spec(['/g/a.gin'], ['x.y = 1\n'], [], sweeps, [0, 1], 'grid', None)
+  table = TrialTable(str(tmp_path), spec)
+  rows = [r for r in table.rows.values() if r['_point']['make_agent.learning_rate'] == '1e-3']
+  for row, final in zip(rows, (100.0, 300.0)):
+    row.update(status='done', final_return=final, best_policy_return=final)
+  table.write()
+  for row in rows:  # a later change must not reach the summary of that write
+    row.update(final_return=0.0)
+  table.flush()
+  summary = {r['make_agent.learning_rate']: r
+             for r in aggregate.read_csv(str(tmp_path / aggregate.SUMMARY_FILE))}
+  assert float(summary['1e-3']['iqm']) == pytest.approx(200.0)
+  assert summary['3e-3']['n_seeds'] == '0'
+  assert {r['status'] for r in aggregate.read_csv(str(tmp_path / aggregate.TRIALS_FILE))} == {
+      'done', 'pending'}
+
+
 def test_error_line_of_a_failed_child():
   from harness.sweep_trial import error_line
   assert error_line(['noise', 'harness-train: error: make_agent.learning_rate=-1 must be '
