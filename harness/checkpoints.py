@@ -6,6 +6,7 @@ import dataclasses
 import glob
 import os
 import shutil
+import tempfile
 import time
 from typing import Dict, List, Optional
 
@@ -262,6 +263,22 @@ class PolicyExporter:
                     'collect': policy_saver.PolicySaver(agent.collect_policy, train_step=step)}
     # Graph files (everything but variables/) of each saver's first export.
     self._graph_files: Dict[str, Dict[str, bytes]] = {}
+
+  def prepare(self) -> None:
+    """Writes each policy's whole SavedModel once, to a temporary directory, and
+    keeps its graph files; every export of this launch then writes variables only.
+
+    Called at start-up: the first whole save keeps ~5.6 MiB of RSS per policy
+    (TensorFlow's graphs of the traced functions, measured on CartPole), which
+    at the first evaluation and checkpoint showed as two steps in a long run's
+    memory curve; at start-up they are part of its footprint. A policy that
+    cannot be exported also fails at launch instead of at the first checkpoint.
+    """
+    for policy in self._savers:
+      if policy not in self._graph_files:
+        with tempfile.TemporaryDirectory(prefix='policy-graph-') as directory:
+          with disk.writing(directory):
+            self._write(policy, directory)
 
   def path(self, name: str) -> str:
     return os.path.join(self._dir, name)

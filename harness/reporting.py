@@ -54,6 +54,7 @@ class Reporter:
     self._train_summaries = metrics.SummaryWriter(checkpoints.train_dir(root))
     self._eval_summaries = metrics.SummaryWriter(os.path.join(root, 'eval'))
     self.exporter = checkpoints.PolicyExporter(root, parts.agent)
+    self.exporter.prepare()
     self._evaluation = self._make_evaluation(self._greedy_policy, cfg.eval_episodes,
                                              cfg.seed + 10_000)
     self._recorder = (video.Recorder(root, envs.make_env, self._greedy_policy, cfg.seed + 30_000,

@@ -3,6 +3,7 @@
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
@@ -46,9 +47,12 @@ def _policy_actions(policy, observations):
   return policy.action(time_step).action.numpy()
 
 
-def test_later_exports_write_new_weights_under_the_first_graph(tmp_path):
+@pytest.mark.parametrize('prepared', [False, True])
+def test_later_exports_write_new_weights_under_the_first_graph(tmp_path, prepared):
   """After the first whole SavedModel, exports write only variables: a loaded
-  export must act exactly as the live policy with the newest weights."""
+  export must act exactly as the live policy with the newest weights. Prepared
+  (as a launch does), the whole SavedModel is written to a temporary directory
+  at start-up, nothing under ROOT, and every export writes only variables."""
   env = envs.make_env('CartPole-v1', seed=0)
   built = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
                             tensor_spec.from_spec(env.action_spec()),
@@ -56,6 +60,9 @@ def test_later_exports_write_new_weights_under_the_first_graph(tmp_path):
                             fc_layer_params=(16,))
   policy = built.agent.policy
   exporter = checkpoints.PolicyExporter(str(tmp_path), built.agent)
+  if prepared:
+    exporter.prepare()
+    assert not os.listdir(tmp_path)
   observations = np.random.default_rng(0).normal(0, 1, (500, 4)).astype(np.float32)
   rng = np.random.default_rng(1)
   for round_ in range(3):
