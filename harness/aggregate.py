@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import logging as std_logging
 import math
 import os
+import threading
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -36,18 +38,33 @@ BOOTSTRAP_REPS = 2000
 CONFIDENCE = 0.95
 
 
+class _WithoutRliableLines(std_logging.Filter):
+  """Drops rliable's own log line (`Calculating estimates for ...`, absl INFO, one
+  per estimate)."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return f'{os.sep}rliable{os.sep}' not in record.pathname
+
+
+# The sweep bootstraps on threads of its own (summary.csv, summary.png) while
+# its main thread logs progress lines, so nothing here swaps process-wide state
+# for the duration of a bootstrap (an absl verbosity swapped to WARNING dropped
+# a trial's progress line); the bootstraps take turns under the lock because
+# `warnings.catch_warnings` is process-wide too.
+_BOOTSTRAP_LOCK = threading.Lock()
+_LOG_FILTER = _WithoutRliableLines()
+
+
 @contextlib.contextmanager
 def _quiet_rliable() -> Iterator[None]:
-  """rliable logs a line per estimate (absl INFO) and arch warns about `random_state`."""
+  """No rliable log lines, and no arch warning about `random_state`."""
   from absl import logging  # pylint: disable=g-import-not-at-top
-  verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.WARNING)
-  try:
-    with warnings.catch_warnings():
-      warnings.simplefilter('ignore')
-      yield
-  finally:
-    logging.set_verbosity(verbosity)
+  absl_logger = logging.get_absl_logger()
+  if _LOG_FILTER not in absl_logger.filters:
+    absl_logger.addFilter(_LOG_FILTER)
+  with _BOOTSTRAP_LOCK, warnings.catch_warnings():
+    warnings.simplefilter('ignore')
+    yield
 
 
 def iqm(scores: np.ndarray, axis: Optional[int] = None) -> np.ndarray:

@@ -286,6 +286,36 @@ def test_summary_rows_use_done_trials_only():
   assert row['best_iqm'] == pytest.approx(300)
 
 
+def test_a_bootstrap_leaves_other_threads_log_lines_alone(monkeypatch):
+  """The sweep's progress lines are logged while summaries bootstrap on another
+  thread: a bootstrap drops rliable's own line and no one else's."""
+  import logging as std_logging
+  from absl import logging
+  seen = []
+
+  class Keep(std_logging.Handler):
+    def emit(self, record):
+      seen.append(record.getMessage())
+
+  iqm = aggregate.iqm
+
+  def iqm_that_logs(*args, **kwargs):  # runs inside the bootstrap
+    logging.info('a progress line')
+    return iqm(*args, **kwargs)
+
+  monkeypatch.setattr(aggregate, 'iqm', iqm_that_logs)
+  handler, verbosity = Keep(), logging.get_verbosity()
+  logging.get_absl_logger().addHandler(handler)
+  logging.set_verbosity(logging.INFO)
+  try:
+    aggregate.iqm_ci([1.0, 2.0, 3.0], reps=5)
+  finally:
+    logging.get_absl_logger().removeHandler(handler)
+    logging.set_verbosity(verbosity)
+  assert 'a progress line' in seen
+  assert not [m for m in seen if m.startswith('Calculating estimates')]
+
+
 def test_table_writes_the_summary_off_the_callers_thread(tmp_path):
   from harness.sweep_table import TrialTable
   sweeps = sweep_spec.parse_sweeps([LR_GRID], 'grid')
