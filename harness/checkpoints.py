@@ -20,6 +20,7 @@ from tf_agents.utils import common
 
 from harness import agents
 from harness import disk
+from harness import replay
 from harness.errors import UsageError
 from harness.metrics import EpisodeStats
 
@@ -196,15 +197,6 @@ class ResumableCheckpointer:
     return self._checkpointer.manager.latest_checkpoint
 
 
-def newest_replay_checkpoint(replay_dir: str) -> Optional[str]:
-  """Name of the newest complete Reverb checkpoint (the one a server loads)."""
-  if not os.path.isdir(replay_dir):
-    return None
-  done = [d for d in os.listdir(replay_dir)
-          if os.path.isfile(os.path.join(replay_dir, d, 'DONE'))]
-  return max(done) if done else None
-
-
 def check_replay_pair(run_state: RunState, replay_dir: str) -> Optional[str]:
   """Warns when the restored replay is not the one saved with the agent state.
 
@@ -213,7 +205,7 @@ def check_replay_pair(run_state: RunState, replay_dir: str) -> Optional[str]:
   table only holds more recent experience) but says so.
   """
   paired = run_state.replay_checkpoint.numpy().decode()
-  newest = newest_replay_checkpoint(replay_dir)
+  newest = replay.newest_checkpoint(replay_dir)
   if paired == (newest or ''):
     return None
   message = (f'replay checkpoint {newest or "(none)"} is not the one saved with the agent '

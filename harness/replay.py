@@ -50,18 +50,62 @@ def make_table(signature, max_items: int, priority_exponent: Optional[float] = N
       signature=signature)
 
 
+# Where a Reverb checkpoint that could not be read back is kept: beside the
+# checkpoint directory (`ROOT/replay-unreadable/`), out of Reverb's sight.
+UNREADABLE_SUFFIX = '-unreadable'
+
+
+def newest_checkpoint(checkpoint_dir: str) -> Optional[str]:
+  """Name of the newest complete Reverb checkpoint (the one a server loads)."""
+  if not os.path.isdir(checkpoint_dir):
+    return None
+  done = [d for d in os.listdir(checkpoint_dir)
+          if os.path.isfile(os.path.join(checkpoint_dir, d, 'DONE'))]
+  return max(done) if done else None
+
+
 def start_server(tables: List[reverb.Table], checkpoint_dir: Optional[str],
                  port: Optional[int] = None) -> reverb.Server:
-  """Starts a Reverb server on a free port; restores from `checkpoint_dir` if any."""
+  """Starts a Reverb server on a free port; restores from `checkpoint_dir` if any.
+
+  A newest checkpoint that Reverb cannot read is moved to
+  `<checkpoint_dir>-unreadable/` (with a warning) and the server starts from the
+  one before, or empty. Reverb
+  marks a checkpoint complete even when a full disk cut its data short (seen on
+  a full tmpfs: the empty DONE file still fits), and it keeps only its newest
+  checkpoint, so the agent's checkpoint resumes with an empty table rather than
+  not at all; the run refills it as it collects.
+  """
   checkpointer = None
   if checkpoint_dir:
     with disk.writing(checkpoint_dir):
       os.makedirs(checkpoint_dir, exist_ok=True)
-    checkpointer = reverb.checkpointers.DefaultCheckpointer(path=checkpoint_dir)
-  with quiet.native_stderr():  # Reverb's start and restore lines
-    server = reverb.Server(tables, port=port, checkpointer=checkpointer)
+  while True:
+    if checkpoint_dir:
+      checkpointer = reverb.checkpointers.DefaultCheckpointer(path=checkpoint_dir)
+    try:
+      with quiet.native_stderr():  # Reverb's start and restore lines
+        server = reverb.Server(tables, port=port, checkpointer=checkpointer)
+      break
+    except RuntimeError as e:
+      newest = checkpoint_dir and newest_checkpoint(checkpoint_dir)
+      if not newest or not _is_damaged_data(e):
+        raise
+      path = os.path.join(checkpoint_dir, newest)
+      kept = os.path.join(checkpoint_dir.rstrip(os.sep) + UNREADABLE_SUFFIX, newest)
+      with disk.writing(kept):
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        os.replace(path, kept)
+      logging.warning('Reverb checkpoint %s could not be read (%s): moved to %s; the replay '
+                      'table starts without it', path, str(e).split('\n')[0], kept)
   logging.info('Reverb server listening on port %d', server.port)
   return server
+
+
+def _is_damaged_data(error: Exception) -> bool:
+  """Whether Reverb failed to read a checkpoint's records (not, say, a table mismatch)."""
+  message = str(error).lower()
+  return any(sign in message for sign in ('corrupted record', 'truncated record', 'data loss'))
 
 
 def table_size(client: reverb.Client) -> int:

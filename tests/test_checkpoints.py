@@ -75,3 +75,32 @@ def test_later_exports_write_new_weights_under_the_first_graph(tmp_path, prepare
                                   _policy_actions(policy, observations))
     assert int(loaded.get_train_step().numpy()) == round_ + 1
   assert not os.path.exists(exporter.path('greedy_policy') + '.tmp')
+
+
+def test_unreadable_replay_checkpoint_is_moved_aside_and_the_table_starts_empty(tmp_path):
+  """Reverb marks a checkpoint complete (an empty DONE file) even when a full disk
+  cut its data short; a resume must start, keeping the damaged files aside."""
+  from harness import replay
+  signature = tf.TensorSpec([2], tf.float32)
+  replay_dir = str(tmp_path / 'replay')
+  server = replay.start_server([replay.make_table(signature, 10)], replay_dir)
+  client = server.localhost_client()
+  with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+    for i in range(3):
+      writer.append(np.full(2, i, np.float32))
+      writer.create_item(replay.TABLE, 1.0, writer.history[-1])
+  path = client.checkpoint()
+  server.stop()
+  name = os.path.basename(path.rstrip('/'))
+  for data in ('chunks.tfrecord', 'items.tfrecord'):  # cut short, DONE kept
+    with open(os.path.join(path, data), 'wb') as f:
+      f.write(b'\0' * 7)
+
+  server = replay.start_server([replay.make_table(signature, 10)], replay_dir)
+  try:
+    assert replay.table_size(server.localhost_client()) == 0
+  finally:
+    server.stop()
+  kept = str(tmp_path / 'replay-unreadable' / name)
+  assert os.path.isfile(os.path.join(kept, 'DONE'))
+  assert replay.newest_checkpoint(replay_dir) is None
