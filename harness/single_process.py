@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from absl import logging
+import reverb
 
 from harness import checkpoints
 from harness import collect
@@ -87,6 +88,8 @@ def run_single_process(cfg: RunConfig) -> None:
     collector.collect_random(min(cfg.initial_collect_steps, cfg.num_env_steps) - stats.env_steps,
                              should_stop=lambda: stop.requested)
   shutdown.exit_if_requested(f'at env_steps {stats.env_steps}, in the initial random collect')
+  if run_dir.checkpointer.restored:
+    _refill_an_emptied_table(cfg, collector, stats, client, layout.rows_per_item, stop)
   run_state.set_env_steps(stats.env_steps)
   hooks = loop.JobHooks(iteration=iteration, metrics_row=metrics_row,
                         save_checkpoint=save_checkpoint, episodes=lambda: stats.episodes)
@@ -95,3 +98,28 @@ def run_single_process(cfg: RunConfig) -> None:
     replay_observer.close()
     reporter.close()
     server.stop()
+
+
+def _refill_an_emptied_table(cfg: RunConfig, collector: collect.Collector,
+                             stats: metrics.EpisodeStats, client: reverb.Client,
+                             rows_per_item: int, stop: shutdown.StopRequest) -> None:
+  """Collects with the collect policy, without training, into a resumed table
+  that is empty (its Reverb checkpoint was unreadable or deleted).
+
+  Sampling an empty table blocks for good: the resumed launch would hang.
+  The table is filled to the size the initial collect would have given (as the
+  distributed learner's rate limiter waits for); the gradient steps those env
+  steps are due are then trained at once, keeping train_step at
+  replay_ratio * (env_steps - initial_collect_steps). It stops at the run's
+  target, where nothing is trained any more.
+  """
+  if replay.table_size(client) > 0:
+    return
+  wanted = max(1, min(cfg.initial_collect_steps, cfg.replay_capacity) // rows_per_item)
+  logging.warning('the resumed replay table is empty: collecting %d items with the collect '
+                  'policy, without training, before training goes on', wanted)
+  with quiet.native_stderr():
+    while (replay.table_size(client) < wanted and stats.env_steps < cfg.num_env_steps
+           and not stop.requested):
+      collector.run()
+  shutdown.exit_if_requested('while refilling the replay table')
