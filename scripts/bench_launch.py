@@ -16,6 +16,13 @@ targets, no dueling head); for a like-for-like comparison:
 
   git show e105547:gin/ddqn_cartpole.gin > /tmp/cartpole_e105547.gin
   python scripts/bench_launch.py --gin_file /tmp/cartpole_e105547.gin
+
+Those figures were taken on another day; to measure the old launcher beside harness-launch on
+the same machine in one run, alternating (`--repeats` rounds):
+
+  git worktree add --detach /tmp/old_launcher e105547
+  python scripts/bench_launch.py --gin_file /tmp/cartpole_e105547.gin \
+      --old_launcher_tree /tmp/old_launcher --repeats 2
 """
 
 import argparse
@@ -43,33 +50,55 @@ def collector_rate(path):
   return _rate(rows, 'env_steps') if len(rows) >= 2 else float('nan')
 
 
+def _launch_command(layout: str, root: str, n: int, gin_file: str, steps: int):
+  """(command, cwd, environment) of one launch: harness-launch, or the old launcher."""
+  bindings = [f'--gin_bindings=train_eval.num_env_steps={steps}',
+              f'--gin_bindings=train_eval.eval_interval={10 * steps}']
+  env = dict(os.environ)
+  if layout == 'harness-launch':
+    cmd = [sys.executable, '-m', 'harness.launch', '--gin_bindings=train_eval.final_eval_episodes=2']
+    cwd = REPO
+  else:  # a checkout of the old launcher's commit, run from its own tree
+    cmd = [sys.executable, os.path.join(layout, 'scripts', 'launch_local.py')]
+    cwd = layout
+    env['PYTHONPATH'] = layout
+  cmd += [f'--root_dir={root}', f'--gin_file={os.path.abspath(gin_file)}',
+          f'--num_collectors={n}'] + bindings
+  return cmd, cwd, env
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--collectors', type=int, nargs='+', default=[1, 2])
   parser.add_argument('--steps', type=int, default=15_000)
   parser.add_argument('--out_dir', default=os.path.join(REPO, 'runs', 'bench_launch'))
   parser.add_argument('--gin_file', default=os.path.join(REPO, 'gin', 'ddqn_cartpole.gin'))
+  parser.add_argument('--old_launcher_tree', default=None,
+                      help='a checkout of commit e105547 (git worktree add DIR e105547): its '
+                           'scripts/launch_local.py runs beside harness-launch, alternating')
+  parser.add_argument('--repeats', type=int, default=1)
   args = parser.parse_args()
+  layouts = ['harness-launch'] + ([os.path.abspath(args.old_launcher_tree)]
+                                  if args.old_launcher_tree else [])
   print(f'load average before: {os.getloadavg()}', flush=True)
-  for n in args.collectors:
-    root = os.path.join(args.out_dir, f'collectors-{n}')
-    shutil.rmtree(root, ignore_errors=True)
-    cmd = [sys.executable, '-m', 'harness.launch', f'--root_dir={root}',
-           f'--gin_file={os.path.abspath(args.gin_file)}', f'--num_collectors={n}',
-           f'--gin_bindings=train_eval.num_env_steps={args.steps}',
-           f'--gin_bindings=train_eval.eval_interval={10 * args.steps}',
-           '--gin_bindings=train_eval.final_eval_episodes=2']
-    start = time.time()
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, f'collectors-{n}.log'), 'w') as log:
-      subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=True)
-    wall = time.time() - start
-    rates = [collector_rate(os.path.join(root, 'collectors', f'collector-{i}.csv'))
-             for i in range(n)]
-    learner = _rate(_rows(os.path.join(root, 'metrics.csv')), 'train_step')
-    print(f'collectors {n}: aggregate {sum(rates):.0f} env steps/s '
-          f'({", ".join(f"{r:.0f}" for r in rates)}), learner {learner:.0f} train steps/s, '
-          f'wall {wall:.0f} s, load average after {os.getloadavg()[0]:.1f}', flush=True)
+  for repeat in range(args.repeats):
+    for n in args.collectors:
+      for layout in layouts:
+        name = 'harness-launch' if layout == 'harness-launch' else 'old launch_local.py'
+        root = os.path.join(args.out_dir, f'{name.split()[-1]}-collectors-{n}-{repeat}')
+        shutil.rmtree(root, ignore_errors=True)
+        cmd, cwd, env = _launch_command(layout, root, n, args.gin_file, args.steps)
+        start = time.time()
+        os.makedirs(args.out_dir, exist_ok=True)
+        with open(root + '.log', 'w') as log:
+          subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env, check=True)
+        wall = time.time() - start
+        rates = [collector_rate(os.path.join(root, 'collectors', f'collector-{i}.csv'))
+                 for i in range(n)]
+        learner = _rate(_rows(os.path.join(root, 'metrics.csv')), 'train_step')
+        print(f'{name}, collectors {n}: aggregate {sum(rates):.0f} env steps/s '
+              f'({", ".join(f"{r:.0f}" for r in rates)}), learner {learner:.0f} train steps/s, '
+              f'wall {wall:.0f} s, load average after {os.getloadavg()[0]:.1f}', flush=True)
 
 
 if __name__ == '__main__':
