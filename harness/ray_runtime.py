@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging as std_logging
 import os
+import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from absl import logging
@@ -154,7 +155,7 @@ def stop(embedded: bool, program: str) -> None:
   import ray  # pylint: disable=g-import-not-at-top
   processes = child_processes() if embedded else []
   ray.shutdown()
-  _, alive = psutil.wait_procs(processes, timeout=EXIT_WAIT_S)
+  alive = _wait_for_exit(processes, EXIT_WAIT_S)
   for process in alive:
     try:
       logging.warning('%s: killing %s (pid %d), left running by Ray', program, process.name(),
@@ -163,3 +164,27 @@ def stop(embedded: bool, program: str) -> None:
     except psutil.Error:
       pass
   psutil.wait_procs(alive, timeout=5)
+
+
+def _wait_for_exit(processes: List[psutil.Process], timeout: float) -> List[psutil.Process]:
+  """Waits until each process has exited; returns those still running at `timeout`.
+
+  A zombie counts as exited: it runs nothing and only awaits its parent's reaping.
+  `psutil.wait_procs` counts it as running, and Ray's idle workers, whose
+  parent (the raylet) is gone first, are reaped by the machine's init process,
+  which on a VM here took ~1 s after each sweep and launch (a container's init
+  may never reap).
+  """
+  deadline = time.monotonic() + timeout
+  while True:
+    alive = [p for p in processes if _running(p)]
+    if not alive or time.monotonic() >= deadline:
+      return alive
+    time.sleep(0.02)
+
+
+def _running(process: psutil.Process) -> bool:
+  try:
+    return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+  except psutil.Error:
+    return False
