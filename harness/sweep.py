@@ -20,7 +20,10 @@ again while it has failed fewer than `sweep_table.MAX_FAILURES` times; any other
 (re)submitted, and harness-train resumes it from its own checkpoint.
 
 The sweep never imports TensorFlow or the training code: it validates the
-common configuration with `harness-train --check_only` in a subprocess.
+common configuration with `harness-train --check_only` in a subprocess. On one
+machine Ray and Tune start meanwhile, their trials held at a gate
+(`sweep_gate`) until the check has passed and SWEEP is written; on a cluster
+the check finishes first.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import List, Optional
+import tempfile
+import threading
+from typing import Callable, List, Optional
 
 from absl import flags
 from absl import logging
@@ -42,6 +47,7 @@ from absl import logging
 from harness import aggregate
 from harness import cli
 from harness import ray_runtime
+from harness import sweep_gate
 from harness import sweep_spec
 from harness import sweep_tune
 from harness.sweep_table import TrialTable
@@ -222,6 +228,52 @@ def finish(root: str, table: TrialTable, drawn: Optional[futures.Future] = None)
   return 1 if failed or unfinished else 0
 
 
+def prepare_sweep_dir(root: str, spec: Spec, table: TrialTable, resuming: bool,
+                      held: log_handlers.MemoryHandler) -> None:
+  """Once the input is good: SWEEP with sweep.json first (a directory without it
+  is no sweep), trials/, logs/ (Ray's held log records go to logs/ray.log), and
+  trials.csv."""
+  os.makedirs(root, exist_ok=True)
+  if not resuming:
+    sweep_spec.write_spec(root, spec)
+  os.makedirs(os.path.join(root, sweep_spec.TRIALS_DIR), exist_ok=True)
+  os.makedirs(os.path.join(root, sweep_spec.LOGS_DIR), exist_ok=True)
+  held.setTarget(_ray_log_file(root))
+  held.flush()
+  ray_runtime.route_library_logs(held.target)
+  table.write()
+  logging.info('Sweep %s: %d trials, %s to run%s', root, table.total,
+               len(table.remaining()) if spec.search == 'grid' else 'points of the search',
+               f' (max {_MAX_CONCURRENT.value} at once)' if _MAX_CONCURRENT.value else '')
+
+
+class _GateOpener:
+  """On a thread of its own: waits for the input check, prepares SWEEP, then opens
+  the trials' gate; on bad input (or any error) it closes the gate instead."""
+
+  def __init__(self, check: subprocess.Popen, gate: sweep_gate.Gate,
+               prepare: Callable[[], None]):
+    self._check, self._gate, self._prepare = check, gate, prepare
+    self._error: Optional[BaseException] = None
+    self._thread = threading.Thread(target=self._run, name='gate', daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    try:
+      finish_check(self._check)
+      self._prepare()
+      self._gate.open()
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised by result())
+      self._error = e
+      self._gate.close()
+
+  def result(self) -> None:
+    """Waits for the thread; raises what stopped it (a bad input's UsageError)."""
+    self._thread.join()
+    if self._error is not None:
+      raise self._error
+
+
 def nothing_left(table: TrialTable) -> bool:
   if table.spec.search == 'grid':
     return not table.remaining()
@@ -249,27 +301,28 @@ def main(argv: List[str]) -> None:
   ray_runtime.route_library_logs(held)
   per_trial = _CPUS_PER_TRIAL.value * (len(spec.seeds) if spec.search == 'optuna' else 1)
   drawn = None
+  tune_dir = tempfile.mkdtemp(prefix='harness-sweep-tune-')  # Tune's own files, not ours
+  # On one machine Tune starts while the check runs, its trials held at a gate.
+  gate = None if _RAY_ADDRESS.value else sweep_gate.Gate()
+  opener = None
   try:
     try:
       start_ray(per_trial * (_MAX_CONCURRENT.value or 1))  # while the check runs
-    finally:
+    except BaseException:
+      finish_check(check)  # Bad input is the error to report, not Ray's.
+      raise
+    ray_runtime.route_library_logs(held)  # Again: importing and starting Ray reset it
+    if gate is None:
       finish_check(check)  # Bad input: exit 2 before anything in SWEEP is written.
-    # From here on SWEEP is written, sweep.json first (a directory without it is no sweep).
-    os.makedirs(root, exist_ok=True)
-    if not resuming:
-      sweep_spec.write_spec(root, spec)
-    os.makedirs(os.path.join(root, sweep_spec.TRIALS_DIR), exist_ok=True)
-    os.makedirs(os.path.join(root, sweep_spec.LOGS_DIR), exist_ok=True)
-    held.setTarget(_ray_log_file(root))
-    held.flush()
-    ray_runtime.route_library_logs(held.target)
-    table.write()
-    logging.info('Sweep %s: %d trials, %s to run%s', root, table.total,
-                 len(table.remaining()) if spec.search == 'grid' else 'points of the search',
-                 f' (max {_MAX_CONCURRENT.value} at once)' if _MAX_CONCURRENT.value else '')
+      prepare_sweep_dir(root, spec, table, resuming, held)
+    else:
+      opener = _GateOpener(check, gate, lambda: prepare_sweep_dir(root, spec, table, resuming,
+                                                                   held))
     sweep_tune.run_tune(root, spec, table, _CPUS_PER_TRIAL.value, _MAX_CONCURRENT.value,
-                        track_group=os.path.basename(os.path.abspath(root)) if _TRACK.value
-                        else None)
+                        tune_dir, track_group=os.path.basename(os.path.abspath(root))
+                        if _TRACK.value else None, gate=gate)
+    if opener is not None:
+      opener.result()  # Bad input: its UsageError, with nothing in SWEEP.
     if not any(row['status'] == 'running' for row in table.rows.values()):  # not interrupted
       drawn = start_drawing(root)
   finally:
@@ -278,7 +331,9 @@ def main(argv: List[str]) -> None:
       check.wait()
     # Stops the Ray we started; on a cluster it only disconnects this driver.
     ray_runtime.stop(embedded=not _RAY_ADDRESS.value, program=_PROGRAM)
-    shutil.rmtree(os.path.join(root, sweep_tune.TUNE_DIR), ignore_errors=True)
+    shutil.rmtree(tune_dir, ignore_errors=True)
+    if gate is not None:
+      gate.remove()
   if table.interrupted():
     logging.info('Interrupted: running trials go back to pending')
   sys.exit(finish(root, table, drawn))

@@ -39,6 +39,7 @@ from ray import tune
 
 from harness import aggregate
 from harness import results
+from harness import sweep_gate
 from harness import sweep_spec
 
 # A relaunch refused because a dying previous child still holds ROOT/.lock.
@@ -241,12 +242,15 @@ class HarnessTrial(tune.Trainable):
 
   Config (from Tune): `point` (grid: the whole point) or `p0, p1, ...` (Optuna:
   the searcher's values of the swept names in order) and `seeds`. The sweep's
-  directory, spec and W&B group (`--track`) come through `tune.with_parameters`.
+  directory, spec, W&B group (`--track`) and gate (`harness.sweep_gate`, on one
+  machine) come through `tune.with_parameters`.
   """
 
   def setup(self, config: Dict[str, Any], sweep_dir: str = '',  # pylint: disable=arguments-differ
             spec_json: Optional[Dict[str, Any]] = None,
-            track_group: Optional[str] = None) -> None:
+            track_group: Optional[str] = None, gate_dir: Optional[str] = None) -> None:
+    if gate_dir:  # Nothing is written or started before the input check has passed.
+      sweep_gate.Gate(gate_dir).wait()
     spec = sweep_spec.spec_from_json(spec_json or {})
     config = config.get('run', config)  # A grid run: {'point': ..., 'seeds': [seed]}
     point = config_point(spec, config)

@@ -15,11 +15,11 @@ from gin import config_parser
 import gin
 
 from harness import aggregate
+from harness import sweep_gate
 from harness import sweep_spec
 from harness.sweep_spec import Spec, Sweep
 from harness.sweep_table import TrialTable
 
-TUNE_DIR = '.tune'
 # ASHA: halve the points at env-step rungs from a quarter of the run.
 ASHA_REDUCTION = 2
 ASHA_FIRST_RUNG = 0.25
@@ -115,13 +115,17 @@ def optuna_space(sweeps: Sequence[Sweep]) -> Dict[str, Any]:
 
 
 def run_tune(root: str, spec: Spec, table: TrialTable, cpus_per_trial: float,
-             max_concurrent: Optional[int], track_group: Optional[str] = None) -> None:
+             max_concurrent: Optional[int], storage_path: str,
+             track_group: Optional[str] = None,
+             gate: Optional[sweep_gate.Gate] = None) -> None:
   """Runs the remaining trials on Ray Tune; the table records them as they end.
 
   Each trial reserves `cpus_per_trial` per seed it runs; at most
-  `max_concurrent` run at once (None: as many as the CPUs allow). With
-  `track_group` (harness-sweep --track) every harness-train child runs with
-  --track, in that W&B group.
+  `max_concurrent` run at once (None: as many as the CPUs allow). Tune keeps
+  its own files in `storage_path` (outside SWEEP). With `track_group`
+  (harness-sweep --track) every harness-train child runs with --track, in that
+  W&B group. With `gate`, trials wait until it opens; a closed gate stops Tune
+  and nothing is recorded.
   """
   from ray import train as ray_train  # pylint: disable=g-import-not-at-top
   from ray import tune  # pylint: disable=g-import-not-at-top
@@ -156,13 +160,13 @@ def run_tune(root: str, spec: Spec, table: TrialTable, cpus_per_trial: float,
                                   trial_name_creator=lambda t: t.trial_id)
   trainable = tune.with_resources(
       tune.with_parameters(sweep_trial.HarnessTrial, sweep_dir=root, spec_json=spec.to_json(),
-                           track_group=track_group),
+                           track_group=track_group, gate_dir=gate and gate.path),
       {'cpu': per_trial})
-  callback = _table_callback(table, spec, scheduler)
+  callback = _table_callback(table, spec, scheduler, gate)
   tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
                      run_config=ray_train.RunConfig(
-                         name='sweep', storage_path=os.path.join(root, TUNE_DIR), verbose=0,
-                         callbacks=[callback],
+                         name='sweep', storage_path=storage_path, verbose=0,
+                         callbacks=[callback], stop=_stop_when_closed(gate),
                          checkpoint_config=ray_train.CheckpointConfig(checkpoint_at_end=False),
                          failure_config=ray_train.FailureConfig(max_failures=0)))
   tuner.fit()
@@ -174,8 +178,28 @@ def _max_concurrent(per_trial: float, asked: Optional[int]) -> int:
   return max(1, int((os.cpu_count() or 1) // per_trial))
 
 
-def _table_callback(table: TrialTable, spec: Spec, scheduler):
-  """A Tune callback that keeps the trial table (and its files) up to date."""
+def _stop_when_closed(gate: Optional[sweep_gate.Gate]):
+  """A Tune stopper that ends the whole run once `gate` is closed (bad input)."""
+  if gate is None:
+    return None
+  from ray import tune  # pylint: disable=g-import-not-at-top
+
+  class StopWhenClosed(tune.Stopper):
+
+    def __call__(self, trial_id, result) -> bool:
+      return False
+
+    def stop_all(self) -> bool:
+      return gate.is_closed()
+
+  return StopWhenClosed()
+
+
+def _table_callback(table: TrialTable, spec: Spec, scheduler,
+                    gate: Optional[sweep_gate.Gate] = None):
+  """A Tune callback that keeps the trial table (and its files) up to date; it
+  records nothing from trials that a closed gate failed (bad input: nothing in
+  SWEEP)."""
   from ray import tune  # pylint: disable=g-import-not-at-top
   from harness import sweep_trial  # pylint: disable=g-import-not-at-top
 
@@ -196,6 +220,8 @@ def _table_callback(table: TrialTable, spec: Spec, scheduler):
       table.finished(point, result.get('children', []), stopped=stopped)
 
     def on_trial_error(self, iteration, trials, trial, **info):
+      if gate is not None and not gate.is_open():
+        return
       point, seeds = point_and_seeds(trial)
       table.errored(point, seeds, _trial_error(trial))
 

@@ -9,7 +9,8 @@ Runs a 2 x 2 grid (two learning rates x two seeds) of 5,000-step CartPole runs
   exit, from trials.csv) / 2, what the four runs cost two at a time with no
   sweep around them;
 
-and samples, every 0.25 s, the resident memory of the driver plus Ray's own
+and samples, every 0.25 s, the CPU seconds of every process the sweep started
+(where a fixed cost on two cores comes from), and the resident memory of the driver plus Ray's own
 processes (gcs_server, raylet, Ray workers, dashboard and log monitor
 processes...), that is every process the sweep started except the
 harness-train children. Targets: overhead <= 15 %, peak < 1 GB.
@@ -80,6 +81,35 @@ def sample(tag: str) -> Tuple[float, float, Dict[str, float]]:
   return total, total_pss, parts
 
 
+def cpu_label(proc: psutil.Process) -> str:
+  """What a process is, for the CPU seconds table."""
+  try:
+    cmdline = ' '.join(proc.cmdline())
+    name = proc.name()
+  except psutil.Error:
+    return '?'
+  if 'harness.train' in cmdline:
+    return 'harness-train --check_only' if '--check_only' in cmdline else 'harness-train trials'
+  for needle, label in (('dashboard/agent.py', 'dashboard agent'),
+                        ('runtime_env/agent', 'runtime-env agent'),
+                        ('log_monitor', 'log monitor'), ('harness.sweep', 'harness-sweep'),
+                        ('harness-sweep', 'harness-sweep')):
+    if needle in cmdline:
+      return label
+  return name
+
+
+def record_cpu(tag: str, cpu: Dict[int, Tuple[str, float]]) -> None:
+  """The latest user + system CPU seconds of every process of the sweep, by pid."""
+  for proc in tagged(tag):
+    try:
+      times = proc.cpu_times()
+    except psutil.Error:
+      continue
+    label = cpu[proc.pid][0] if proc.pid in cpu else cpu_label(proc)
+    cpu[proc.pid] = (label, times.user + times.system)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--root_dir', default=None, help='sweep directory (default: temporary)')
@@ -101,6 +131,7 @@ def main() -> None:
         flush=True)
   print(f'load average before: {os.getloadavg()[0]:.2f}', flush=True)
   peak, peak_pss, peak_parts = 0.0, 0.0, {}
+  cpu: Dict[int, Tuple[str, float]] = {}
   start = time.time()
   with open(os.path.join(os.path.dirname(root), 'bench_sweep.log'), 'w') as log:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -109,6 +140,7 @@ def main() -> None:
       if total > peak:
         peak, peak_parts = total, parts
       peak_pss = max(peak_pss, total_pss)
+      record_cpu(tag, cpu)
       time.sleep(0.25)
   wall = time.time() - start
   if proc.returncode != 0:
@@ -127,6 +159,11 @@ def main() -> None:
   print(f'peak RSS of the driver + Ray processes: {peak:.0f} MiB (target < 1 GB); at the peak: '
         + ', '.join(f'{k} {v:.0f}' for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
   print(f'peak PSS of the same processes (shared pages counted once): {peak_pss:.0f} MiB')
+  by_label: Dict[str, float] = {}
+  for label, seconds in cpu.values():
+    by_label[label] = by_label.get(label, 0.0) + seconds
+  print('CPU seconds by process (sampled every 0.25 s, so a little short): ' + ', '.join(
+      f'{k} {v:.1f}' for k, v in sorted(by_label.items(), key=lambda kv: -kv[1])))
   print(f'load average after: {os.getloadavg()[0]:.2f}; sweep: {root}')
 
 

@@ -7,12 +7,15 @@ started (driver, raylet, gcs_server, Ray workers, harness-train) is left alive,
 without touching other people's processes on a shared machine.
 """
 
+import glob
 import hashlib
 import math
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import uuid
 from typing import Dict, List, Sequence
@@ -364,13 +367,43 @@ def test_bad_input_exits_2_before_writing(tmp_path, tag, extra, message):
   assert not root.exists()
 
 
+def _sweep_temp_dirs():
+  """The sweep's temporary directories (the trials' gate, Tune's files) now present."""
+  return set(glob.glob(os.path.join(tempfile.gettempdir(), 'harness-sweep-*')))
+
+
 def test_unknown_binding_name_exits_2_before_writing(tmp_path, tag):
+  """Tune starts while the check runs, its trials held at the gate: on bad input
+  the gate closes, Tune stops, and nothing of the sweep is left anywhere."""
   root = tmp_path / 'sweep'
+  temp_before = _sweep_temp_dirs()
   result = run_sweep(sweep_command(str(root), sweeps=['make_agent.learning_rat=[1e-3]']), tag)
   assert result.returncode == 2, tail(result)
   assert len(result.stderr.splitlines()) == 1, result.stderr
   assert 'make_agent.learning_rate' in result.stderr  # the suggestion
   assert not root.exists()
+  assert _sweep_temp_dirs() <= temp_before
+  assert_nothing_left(tag)
+
+
+def test_a_trial_waits_at_the_gate_until_it_opens_and_fails_if_it_closes(tmp_path):
+  from harness import sweep_gate
+  gate = sweep_gate.Gate(str(tmp_path))
+  waiter = threading.Thread(target=gate.wait)
+  waiter.start()
+  time.sleep(3 * sweep_gate.POLL_SECONDS)
+  assert waiter.is_alive()  # neither open nor closed: the check still runs
+  gate.open()
+  waiter.join(timeout=5)
+  assert not waiter.is_alive()
+
+  closed = sweep_gate.Gate(str(tmp_path / 'closed'))
+  os.makedirs(closed.path)
+  closed.close()
+  with pytest.raises(sweep_gate.GateClosed):
+    closed.wait()
+  closed.remove()
+  assert not os.path.exists(closed.path)
 
 
 # --- a finished 2 x 2 grid (shared) ----------------------------------------------------
@@ -381,8 +414,10 @@ def grid_sweep(tmp_path_factory):
   """A 2 x 2 grid (two learning rates, two seeds), run once for the tests below."""
   root = str(tmp_path_factory.mktemp('grid') / 'sweep')
   tag = uuid.uuid4().hex
+  temp_before = _sweep_temp_dirs()
   result = run_sweep(sweep_command(root), tag, watch_for_ray=True)
   assert_nothing_left(tag)
+  assert _sweep_temp_dirs() <= temp_before  # the gate and Tune's files are removed
   return root, result
 
 
