@@ -106,8 +106,8 @@ def record_cpu(tag: str, cpu: Dict[int, Tuple[str, float]]) -> None:
       times = proc.cpu_times()
     except psutil.Error:
       continue
-    label = cpu[proc.pid][0] if proc.pid in cpu else cpu_label(proc)
-    cpu[proc.pid] = (label, times.user + times.system)
+    # Labelled at every sample: a child just forked still carries its parent's name.
+    cpu[proc.pid] = (cpu_label(proc), times.user + times.system)
 
 
 def main() -> None:
