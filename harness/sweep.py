@@ -80,6 +80,8 @@ _TRACK = flags.DEFINE_bool(
 
 _PROGRAM = 'harness-sweep'
 RAY_LOG = 'ray.log'
+# Ray Tune's own files on a cluster (removed at the end); on one machine a temporary directory.
+TUNE_DIR = '.tune'
 
 
 # --- input ----------------------------------------------------------------------------
@@ -301,9 +303,12 @@ def main(argv: List[str]) -> None:
   ray_runtime.route_library_logs(held)
   per_trial = _CPUS_PER_TRIAL.value * (len(spec.seeds) if spec.search == 'optuna' else 1)
   drawn = None
-  tune_dir = tempfile.mkdtemp(prefix='harness-sweep-tune-')  # Tune's own files, not ours
-  # On one machine Tune starts while the check runs, its trials held at a gate.
+  # On one machine Tune starts while the check runs, its trials held at a gate,
+  # and keeps its own files outside SWEEP meanwhile. On a cluster the check comes
+  # first and Tune's files go where every node sees them (as SWEEP must be).
   gate = None if _RAY_ADDRESS.value else sweep_gate.Gate()
+  tune_dir = (tempfile.mkdtemp(prefix='harness-sweep-tune-') if gate else
+              os.path.join(root, TUNE_DIR))
   opener = None
   try:
     try:
