@@ -12,7 +12,6 @@ import hashlib
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -405,40 +404,6 @@ def test_a_trial_waits_at_the_gate_until_it_opens_and_fails_if_it_closes(tmp_pat
     closed.wait()
   closed.remove()
   assert not os.path.exists(closed.path)
-
-
-def test_a_sweep_runs_on_an_existing_ray_cluster(tmp_path, tag):
-  """--ray_address: no gate (the check comes first), Tune's files in SWEEP/.tune
-  until the end, and the sweep only disconnects: the cluster stays up."""
-  ray_cli = os.path.join(os.path.dirname(sys.executable), 'ray')
-  with socket.socket() as probe:
-    probe.bind(('127.0.0.1', 0))
-    port = probe.getsockname()[1]
-  env = dict(tagged_env(tag), RAY_USAGE_STATS_ENABLED='0')
-  try:
-    head = subprocess.run([ray_cli, 'start', '--head', f'--port={port}',
-                           '--node-ip-address=127.0.0.1', '--num-cpus=2',
-                           '--include-dashboard=false', '--disable-usage-stats'],
-                          env=env, capture_output=True, text=True, timeout=180, check=False)
-    assert head.returncode == 0, head.stderr[-2000:]
-    root = tmp_path / 'sweep'
-    result = run_sweep(sweep_command(str(root), sweeps=['make_agent.learning_rate=[1e-3]'],
-                                     extra=('--seeds=1', f'--ray_address=127.0.0.1:{port}')),
-                       tag)
-    assert result.returncode == 0, tail(result)
-    rows = aggregate.read_csv(os.path.join(root, aggregate.TRIALS_FILE))
-    assert [r['status'] for r in rows] == ['done']
-    assert not (root / '.tune').exists()
-    assert 'raylet' in [p.name() for p in tagged_processes(tag)]  # disconnected, not stopped
-  finally:
-    # Only this test's cluster (`ray stop` would stop every Ray on the machine);
-    # SIGKILL, as `ray stop --force` does: the GCS ignores SIGTERM for 20 s and more.
-    for proc in tagged_processes(tag):
-      try:
-        proc.kill()
-      except psutil.Error:
-        pass
-    assert_nothing_left(tag)
 
 
 # --- a finished 2 x 2 grid (shared) ----------------------------------------------------
