@@ -24,8 +24,6 @@ from harness.errors import UsageError
 
 # ray.shutdown() returns before all of its processes have exited.
 EXIT_WAIT_S = 30.0
-# How long the session's other processes get after that, before they are killed.
-SESSION_WAIT_S = 5.0
 
 
 def quiet_environment() -> None:
@@ -156,14 +154,8 @@ def stop(embedded: bool, program: str) -> None:
   """
   import ray  # pylint: disable=g-import-not-at-top
   processes = child_processes() if embedded else []
-  session = _session_name() if embedded else None
   ray.shutdown()
   alive = _wait_for_exit(processes, EXIT_WAIT_S)
-  # Any other process of this Ray session still running: under load a sweep's
-  # dashboard and runtime-env agents were seen 20 s after it had exited, and
-  # once the raylet is gone they are no longer our descendants.
-  alive += _wait_for_exit([p for p in _session_processes(session) if p not in alive],
-                          SESSION_WAIT_S)
   for process in alive:
     try:
       logging.warning('%s: killing %s (pid %d), left running by Ray', program, process.name(),
@@ -196,24 +188,3 @@ def _running(process: psutil.Process) -> bool:
     return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
   except psutil.Error:
     return False
-
-
-def _session_name() -> Optional[str]:
-  """The embedded Ray session's directory name (in its processes' command lines)."""
-  import ray  # pylint: disable=g-import-not-at-top
-  node = getattr(ray._private.worker, '_global_node', None)  # pylint: disable=protected-access
-  return os.path.basename(node.get_session_dir_path()) if node is not None else None
-
-
-def _session_processes(session: Optional[str]) -> List[psutil.Process]:
-  """Running processes whose command line names `session` (GCS, raylet, agents)."""
-  if not session:
-    return []
-  found = []
-  for process in psutil.process_iter():
-    try:
-      if session in ' '.join(process.cmdline()) and _running(process):
-        found.append(process)
-    except psutil.Error:
-      continue
-  return found
