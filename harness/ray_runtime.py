@@ -163,7 +163,7 @@ def stop(embedded: bool, program: str) -> None:
       process.kill()
     except psutil.Error:
       pass
-  psutil.wait_procs(alive, timeout=5)
+  _wait_for_exit(alive, 5.0)
 
 
 def _wait_for_exit(processes: List[psutil.Process], timeout: float) -> List[psutil.Process]:

@@ -300,7 +300,6 @@ def main(argv: List[str]) -> None:
   ray_runtime.quiet_environment()
   # Ray's log records wait in memory until the input is known to be good.
   held = log_handlers.MemoryHandler(capacity=100_000, flushLevel=std_logging.CRITICAL + 1)
-  ray_runtime.route_library_logs(held)
   per_trial = _CPUS_PER_TRIAL.value * (len(spec.seeds) if spec.search == 'optuna' else 1)
   drawn = None
   # On one machine Tune starts while the check runs, its trials held at a gate,
@@ -316,7 +315,8 @@ def main(argv: List[str]) -> None:
     except BaseException:
       finish_check(check)  # Bad input is the error to report, not Ray's.
       raise
-    ray_runtime.route_library_logs(held)  # Again: importing and starting Ray reset it
+    # After Ray's start: importing Ray and `ray.init` replace the 'ray' logger's handlers.
+    ray_runtime.route_library_logs(held)
     if gate is None:
       finish_check(check)  # Bad input: exit 2 before anything in SWEEP is written.
       prepare_sweep_dir(root, spec, table, resuming, held)
