@@ -14,13 +14,17 @@ So a run pins the threshold at start-up and hands free heap pages back to the
 operating system at each metrics row (a `malloc_trim` takes milliseconds).
 Both are no-ops where the C library is not glibc.
 
-The pinned value is 512 KiB, not lower: every block above it costs an mmap,
-page faults on first touch and an munmap each time. At 128 KiB the 256 KiB
-gradients and optimizer temporaries of a (256, 256) MLP were mmapped at every
-gradient step, and a CartPole learner spent ~25 % of its CPU in page faults and
-munmap (perf), a quarter of harness-launch's speed. The multi-MiB Atari tensors
-(a 3,136 x 512 dense layer's 6.4 MB gradient, a float batch of 32 stacked frames
-at 3.6 MB) are still mmapped.
+The threshold is a trade of speed for flatness, so it is a gin binding
+(`configure_allocator.mmap_threshold_kib`). The default, 512 KiB, suits the MLP
+configs: every block above the threshold costs an mmap, page faults on first
+touch and an munmap each time, and at 128 KiB the 256 KiB gradients and
+optimizer temporaries of a (256, 256) MLP were mmapped at every gradient step:
+a CartPole learner spent ~25 % of its CPU in page faults and munmap (perf), a
+quarter of harness-launch's speed. `gin/ddqn_atari.gin` pins 128 KiB: there the
+conv layers' gradients and activations (128 to 512 KiB each) would otherwise be
+recycled through the arenas between long-lived replay blocks, and a Breakout
+soak read +1.22 MB per 10,000 steps at 512 KiB against +0.90 and +0.95 at 128
+KiB, while the mmaps cost little beside the conv work itself.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ import ctypes
 from typing import Optional
 
 from absl import logging
+import gin
 import psutil
+
+from harness.errors import UsageError
 
 # mallopt parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -37,7 +44,8 @@ _M_MMAP_THRESHOLD = -3
 
 # Blocks at least this large are mmapped and unmapped at free. A fixed value
 # also stops glibc's dynamic raising of the threshold (see the module doc).
-MMAP_THRESHOLD_BYTES = 512 * 1024
+DEFAULT_MMAP_THRESHOLD_KIB = 512
+_MAX_KIB = 32 * 1024  # glibc's HEAP_MAX on 64-bit: mallopt refuses more
 
 
 def _glibc() -> Optional[ctypes.CDLL]:
@@ -51,13 +59,24 @@ def _glibc() -> Optional[ctypes.CDLL]:
 _LIBC = _glibc()
 
 
-def configure_allocator() -> bool:
-  """Pins glibc's mmap and trim thresholds; True where that took effect."""
+@gin.configurable
+def configure_allocator(mmap_threshold_kib: int = DEFAULT_MMAP_THRESHOLD_KIB) -> bool:
+  """Pins glibc's mmap and trim thresholds; True where that took effect.
+
+  Args:
+    mmap_threshold_kib: blocks of at least this many KiB are mmapped and go back
+      to the operating system at free; the heap is trimmed above it too.
+  """
+  if not isinstance(mmap_threshold_kib, int) or not 16 <= mmap_threshold_kib <= _MAX_KIB:
+    raise UsageError(f'configure_allocator.mmap_threshold_kib={mmap_threshold_kib!r} must be an '
+                     f'integer from 16 to {_MAX_KIB} (KiB; glibc\'s limit is 32 MiB): 512 for '
+                     'MLPs, 128 for Atari')
   if _LIBC is None:
     logging.info('Not glibc: allocator settings left as they are')
     return False
-  ok = (_LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and
-        _LIBC.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1)
+  threshold = mmap_threshold_kib * 1024
+  ok = (_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold) == 1 and
+        _LIBC.mallopt(_M_TRIM_THRESHOLD, threshold) == 1)
   if not ok:
     logging.warning('mallopt refused the mmap/trim thresholds: RSS may creep on long runs')
   return ok

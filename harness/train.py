@@ -184,11 +184,11 @@ def main(argv: List[str]) -> None:
     cfg = check_values(_ROOT_DIR.value, _JOB.value, _REPLAY_ADDRESS.value,
                        _COLLECTOR_ID.value)
     check_env()
+    memory.configure_allocator()  # checks its gin value too
   shutdown.install_signal_handlers(cfg.shutdown_grace_seconds, _PROGRAM)
   shutdown.exit_if_requested('during start-up')
   if _CHECK_ONLY.value:
     return
-  memory.configure_allocator()
   _call_experiment()
 
 

@@ -112,6 +112,20 @@ def outside_slope(samples: Sequence[Tuple[float, float]], rows: List[Dict[str, s
   return np.polyfit(x, y, 1)[0] * 10_000, y[0], y[-1], len(kept)
 
 
+def _write_samples(path: str, samples: Sequence[Tuple[float, float]],
+                   rows: List[Dict[str, str]]) -> None:
+  """Keeps the outside readings beside metrics.csv, each with its interpolated env step,
+  so a slope can be looked at again (where it grows, whether spikes or a ramp)."""
+  times = np.array([float(r['wall_time']) for r in rows])
+  steps = np.array([float(r['env_steps']) for r in rows])
+  with open(path, 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['wall_time', 'env_steps', 'rss_mb'])
+    for t, rss in samples:
+      writer.writerow([f'{t:.2f}', f'{np.interp(t, times, steps):.0f}', f'{rss:.2f}'])
+  print(f'outside readings: {path}')
+
+
 def _rows(path: str) -> List[Dict[str, str]]:
   with open(path, newline='') as f:
     return list(csv.DictReader(f))
@@ -164,6 +178,7 @@ def report(metrics_csv: str, capacity: int, max_slope: float,
     print(f'RSS change across each evaluation + checkpoint: mean {np.mean(changes):+.2f} MiB '
           f'over {len(changes)} (single readings scatter by a few MiB)')
   if samples:
+    _write_samples(os.path.join(os.path.dirname(metrics_csv), 'rss_samples.csv'), samples, rows)
     outside, first, last, used = outside_slope(samples, rows, steps[0])
     half_outside, *_ = outside_slope(samples, rows, steps[half])
     print(f'RSS sampled from outside every {_SAMPLE_INTERVAL.value:g} s after the table is full: '

@@ -9,6 +9,7 @@ import pytest
 
 from harness import checkpoints
 from harness import memory
+from harness.errors import UsageError
 
 # Runs in a fresh interpreter so this test's own heap history does not matter.
 # Freeing every other block leaves holes no top-of-heap trim can return; with
@@ -48,6 +49,40 @@ def test_freed_tensor_sized_blocks_return_to_the_os():
 def test_release_free_memory_returns_freed_heap_pages():
   returned = _returned_mib(pin=False, release=True)
   assert returned > 90, f'only {returned:.0f} of 100 MiB freed went back after malloc_trim'
+
+
+# Blocks of 256 KiB, between the MLP default and the Atari config's value: the
+# gin binding decides whether glibc mmaps them. Prints the mmapped MiB held.
+_MMAPPED_256K_BLOCKS = textwrap.dedent("""
+    import ctypes, sys
+    import gin
+    from harness import memory
+    gin.parse_config(sys.argv[1])
+    assert memory.configure_allocator()
+    class MallInfo2(ctypes.Structure):
+      _fields_ = [(n, ctypes.c_size_t) for n in ('arena', 'ordblks', 'smblks', 'hblks',
+                  'hblkhd', 'usmblks', 'fsmblks', 'uordblks', 'fordblks', 'keepcost')]
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = MallInfo2
+    libc.malloc.restype = ctypes.c_void_p
+    blocks = [libc.malloc(256 * 1024) for _ in range(40)]
+    print(libc.mallinfo2().hblkhd / 2**20)
+""")
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), 'mallinfo2'), reason='glibc >= 2.33 mallinfo2')
+@pytest.mark.parametrize('binding, mmapped', [('', False),
+                                              ('configure_allocator.mmap_threshold_kib = 128', True)])
+def test_the_mmap_threshold_is_a_gin_binding(binding, mmapped):
+  out = subprocess.run([sys.executable, '-c', _MMAPPED_256K_BLOCKS, binding],
+                       check=True, capture_output=True, text=True).stdout
+  held_mib = float(out)
+  assert (held_mib >= 10) == mmapped, f'{held_mib:.1f} MiB of 40 256-KiB blocks mmapped'
+
+
+def test_a_mmap_threshold_out_of_range_is_refused():
+  with pytest.raises(UsageError, match='mmap_threshold_kib=4 must be'):
+    memory.configure_allocator(mmap_threshold_kib=4)
 
 
 def test_rss_is_measured():
