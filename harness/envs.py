@@ -74,6 +74,8 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
   def __init__(self, env: gym.Env, env_id: str = '', seed: Optional[int] = None,
                life_loss_as_terminal: bool = False):
     super().__init__(handle_auto_reset=True)
+    # Set by `truncate_first_episode`: steps left in the first episode.
+    self._first_episode_steps_left: Optional[int] = None
     self._env = env
     self._life_loss_as_terminal = life_loss_as_terminal
     self._lives: Optional[int] = None
@@ -100,6 +102,15 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
   def get_info(self) -> dict:
     return self._last_info
 
+  @property
+  def max_episode_steps(self) -> Optional[int]:
+    """The env's time limit in steps (gymnasium's `TimeLimit`), if it has one."""
+    return self._env.spec.max_episode_steps if self._env.spec else None
+
+  def truncate_first_episode(self, steps: int) -> None:
+    """Ends the first episode after `steps` steps as a time limit would (discount 1)."""
+    self._first_episode_steps_left = steps
+
   def _observation(self, obs: Any) -> np.ndarray:
     return np.asarray(obs, dtype=self._observation_spec.dtype)
 
@@ -116,6 +127,10 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
         int(np.asarray(action)))
     obs = self._observation(obs)
     reward = np.asarray(reward, dtype=np.float32)
+    if self._first_episode_steps_left is not None:
+      self._first_episode_steps_left -= 1
+      if self._first_episode_steps_left <= 0 or terminated or truncated:
+        truncated, self._first_episode_steps_left = True, None
     # TimeSteps are built directly: ts.termination() and friends run tf.nest
     # checks that cost more than a CartPole step itself.
     if terminated or truncated:
@@ -196,11 +211,29 @@ def configured_env_id() -> str:
     return inspect.signature(make_env).parameters['env_id'].default
 
 
-def make_batched_env(num_envs: int, seed: int) -> py_environment.PyEnvironment:
+@gin.configurable(allowlist=['stagger_first_episodes'])
+def make_batched_env(num_envs: int, seed: int,
+                     stagger_first_episodes: bool = True) -> py_environment.PyEnvironment:
   """`num_envs` copies of `make_env()` stepped as one batch, seeds seed..seed+n-1.
 
   Stepping in the calling thread: on two cores threads only add contention, and
   the batch exists to amortise one policy call over several env steps.
+
+  Args:
+    num_envs: envs in the batch.
+    seed: seed of the first env's first reset; env i gets seed + i.
+    stagger_first_episodes: env i's first episode ends (as a truncation, so it
+      is bootstrapped) after i / num_envs of the env's time limit, so the envs'
+      episodes start at different times. Without it, on a task whose episodes
+      all run to the time limit (MountainCar before the goal is found) the envs
+      stay in lockstep for good: every wave of N episodes starts at once under
+      one greedy policy from similar states, N near-identical tries where one
+      env makes N successive tries under N policies. Evaluation passes False
+      (whole episodes).
   """
   envs = [make_env(seed=seed + i) for i in range(num_envs)]
+  if stagger_first_episodes:
+    for i, env in enumerate(envs[1:], start=1):
+      if env.max_episode_steps:
+        env.truncate_first_episode(env.max_episode_steps * i // num_envs)
   return batched_py_environment.BatchedPyEnvironment(envs, multithreading=False)

@@ -41,7 +41,8 @@ class EvalResult:
 def make_eval_env(episodes: int, seed: int) -> py_environment.PyEnvironment:
   """A batch of `make_env()` envs (seeds seed, seed+1, ...) wide enough for
   `episodes` episodes, at most `MAX_PARALLEL_EPISODES`."""
-  return envs.make_batched_env(max(1, min(episodes, MAX_PARALLEL_EPISODES)), seed)
+  return envs.make_batched_env(max(1, min(episodes, MAX_PARALLEL_EPISODES)), seed,
+                               stagger_first_episodes=False)  # whole episodes
 
 
 class Evaluation:
