@@ -1,11 +1,13 @@
 """The gymnasium adapter: specs, seeding, termination vs truncation discounts."""
 
+import gin
 import gymnasium as gym
 import numpy as np
 import pytest
 from tf_agents.trajectories import time_step as ts
 
 from harness import envs
+from harness import evaluation
 from harness.errors import UsageError
 
 
@@ -77,3 +79,51 @@ def test_batched_env_steps_several_envs_as_one_batch():
   assert time_step.observation.shape == (3, 4)
   next_step = env.step(np.zeros(3, np.int64))
   assert next_step.reward.shape == (3,)
+
+
+def _episode_ends(env, num_envs, steps):
+  """(batched step, discount) of every LAST step of each env over `steps` steps."""
+  env.reset()
+  ends = {i: [] for i in range(num_envs)}
+  for t in range(1, steps + 1):
+    time_step = env.step(np.zeros(num_envs, np.int64))
+    for i in np.flatnonzero(time_step.step_type == ts.StepType.LAST):
+      ends[i].append((t, float(time_step.discount[i])))
+  return ends
+
+
+def test_collect_envs_start_their_episodes_at_different_times():
+  # MountainCar pushed left never reaches the goal: every episode runs to the
+  # 200-step limit, so unstaggered envs would end theirs together for good.
+  with gin.unlock_config():
+    gin.bind_parameter('make_env.env_id', 'MountainCar-v0')
+    gin.bind_parameter('make_batched_env.stagger_first_episodes', True)
+  try:
+    ends = _episode_ends(envs.make_batched_env(4, seed=0), 4, 460)
+  finally:
+    gin.clear_config()
+  # Env i's first episode is cut at i/4 of the limit as a truncation (discount 1,
+  # bootstrapped); every later one is whole (the step after LAST is the reset).
+  assert ends == {0: [(200, 1.0), (401, 1.0)], 1: [(50, 1.0), (251, 1.0), (452, 1.0)],
+                  2: [(100, 1.0), (301, 1.0)], 3: [(150, 1.0), (351, 1.0)]}
+
+
+def test_evaluation_envs_play_whole_episodes_in_step():
+  with gin.unlock_config():
+    gin.bind_parameter('make_env.env_id', 'MountainCar-v0')
+    gin.bind_parameter('make_batched_env.stagger_first_episodes', True)  # collect only
+  try:
+    ends = _episode_ends(evaluation.make_eval_env(3, seed=0), 3, 210)
+  finally:
+    gin.clear_config()
+  assert ends == {i: [(200, 1.0)] for i in range(3)}
+
+
+def test_unstaggered_envs_run_their_episodes_in_lockstep():
+  with gin.unlock_config():
+    gin.bind_parameter('make_env.env_id', 'MountainCar-v0')
+  try:
+    ends = _episode_ends(envs.make_batched_env(2, seed=0), 2, 210)
+  finally:
+    gin.clear_config()
+  assert ends == {0: [(200, 1.0)], 1: [(200, 1.0)]}
