@@ -155,7 +155,9 @@ def test_collection_gives_the_hand_computed_n_step_targets(num_envs):
     client = server.localhost_client()
     observer = layout.make_observer(client, num_envs)
     log = _Log(num_envs)
-    collect.Collector(env, built.agent.collect_policy, [observer, log], 4).collect_random(300)
+    # 1,000 random steps: a truncation needs four action-0 steps in a row (1 in 16
+    # episodes), so 300 steps (~66 episodes) saw none about once in 70 runs.
+    collect.Collector(env, built.agent.collect_policy, [observer, log], 4).collect_random(1000)
     observer.flush()
     dataset = layout.make_dataset(f'localhost:{server.port}', batch_size=32)
     ids = [int(log.steps[e][0].observation[0]) for e in range(num_envs)]  # each env's id
