@@ -94,6 +94,14 @@ def _run(root_dir: str) -> List[Tuple[float, float]]:
   return samples
 
 
+def _sample_steps(samples: Sequence[Tuple[float, float]],
+                  rows: List[Dict[str, str]]) -> np.ndarray:
+  """Each sample's env step, interpolated from the metrics rows' wall times."""
+  times = np.array([float(r['wall_time']) for r in rows])
+  steps = np.array([float(r['env_steps']) for r in rows])
+  return np.interp([t for t, _ in samples], times, steps)
+
+
 def outside_slope(samples: Sequence[Tuple[float, float]], rows: List[Dict[str, str]],
                   from_env_step: float) -> Tuple[float, float, float, int]:
   """Slope (MB per 10,000 env steps) of the sampled RSS after `from_env_step`.
@@ -101,11 +109,9 @@ def outside_slope(samples: Sequence[Tuple[float, float]], rows: List[Dict[str, s
   Each sample's env step is interpolated from the metrics rows' wall times.
   Returns (slope, first MiB, last MiB, samples used).
   """
-  times = np.array([float(r['wall_time']) for r in rows])
-  steps = np.array([float(r['env_steps']) for r in rows])
-  kept = [(np.interp(t, times, steps), rss) for t, rss in samples
-          if times[0] <= t <= times[-1]]
-  kept = [(s, rss) for s, rss in kept if s >= from_env_step]
+  start, end = float(rows[0]['wall_time']), float(rows[-1]['wall_time'])
+  kept = [(s, rss) for (t, rss), s in zip(samples, _sample_steps(samples, rows))
+          if start <= t <= end and s >= from_env_step]
   if len(kept) < 3:
     return float('nan'), float('nan'), float('nan'), len(kept)
   x, y = np.array(kept).T
@@ -116,13 +122,11 @@ def _write_samples(path: str, samples: Sequence[Tuple[float, float]],
                    rows: List[Dict[str, str]]) -> None:
   """Keeps the outside readings beside metrics.csv, each with its interpolated env step,
   so a slope can be looked at again (where it grows, whether spikes or a ramp)."""
-  times = np.array([float(r['wall_time']) for r in rows])
-  steps = np.array([float(r['env_steps']) for r in rows])
   with open(path, 'w', newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['wall_time', 'env_steps', 'rss_mb'])
-    for t, rss in samples:
-      writer.writerow([f'{t:.2f}', f'{np.interp(t, times, steps):.0f}', f'{rss:.2f}'])
+    for (t, rss), step in zip(samples, _sample_steps(samples, rows)):
+      writer.writerow([f'{t:.2f}', f'{step:.0f}', f'{rss:.2f}'])
   print(f'outside readings: {path}')
 
 
