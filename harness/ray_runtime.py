@@ -11,6 +11,7 @@ No TensorFlow here: the drivers never import the training code.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging as std_logging
 import os
 import time
@@ -22,7 +23,10 @@ import psutil
 from harness import errors
 from harness.errors import UsageError
 
-# ray.shutdown() returns before all of its processes have exited.
+# ray.shutdown() returns before all of its processes have exited: Ray's own
+# get RAY_GRACE_S, ours (the trials' harness-train, which checkpoint on the
+# SIGTERM their dying worker sends) EXIT_WAIT_S.
+RAY_GRACE_S = 3.0
 EXIT_WAIT_S = 30.0
 
 
@@ -145,25 +149,68 @@ def child_processes() -> List[psutil.Process]:
 
 
 def stop(embedded: bool, program: str) -> None:
-  """`ray.shutdown()`, then (embedded) waits until every Ray process has exited.
+  """`ray.shutdown()`, then (embedded) waits until every process it started has exited.
 
-  `ray.shutdown()` returns while some are still on their way out (seen: the
-  autoscaler monitor); a command ends only when nothing of it runs. Any left
-  after `EXIT_WAIT_S` is killed and named in the log. On a cluster this only
-  disconnects the driver.
+  `ray.shutdown()` gives the raylet one second to stop its agents and workers,
+  then SIGKILLs it; on a busy machine the dashboard and runtime-env agents
+  outlive it, and an orphaned dashboard agent was seen still running minutes
+  later. So Ray's own processes still running after `RAY_GRACE_S` are killed,
+  and anything else (a trial's harness-train, saving its checkpoint) after
+  `EXIT_WAIT_S`, named in the log. A command ends only when nothing of it runs.
+  On a cluster this only disconnects the driver.
   """
   import ray  # pylint: disable=g-import-not-at-top
   processes = child_processes() if embedded else []
-  ray.shutdown()
-  alive = _wait_for_exit(processes, EXIT_WAIT_S)
+  _shutdown_without_collecting(ray)
+  alive = _wait_for_exit(processes, RAY_GRACE_S)
+  ray_dir = os.path.dirname(ray.__file__) + os.sep
+  rays_own = [p for p in alive if _is_rays_own(p, ray_dir)]
+  for process in rays_own:
+    _kill(process, program, 'left running by Ray', logging.INFO)
+  alive = _wait_for_exit([p for p in alive if p not in rays_own], EXIT_WAIT_S - RAY_GRACE_S)
   for process in alive:
-    try:
-      logging.warning('%s: killing %s (pid %d), left running by Ray', program, process.name(),
-                      process.pid)
-      process.kill()
-    except psutil.Error:
-      pass
-  _wait_for_exit(alive, 5.0)
+    _kill(process, program, f'still running {EXIT_WAIT_S:.0f} s after Ray stopped',
+          logging.WARNING)
+  _wait_for_exit(rays_own + alive, 5.0)
+
+
+def _is_rays_own(process: psutil.Process, ray_dir: str) -> bool:
+  """Ray's services, agents (scripts in `ray_dir`) and workers (`ray::` titles),
+  not what a worker started."""
+  try:
+    line = process.cmdline()
+    return process.name() in ('raylet', 'gcs_server') or bool(line) and (
+        line[0].startswith('ray::') or any(arg.startswith(ray_dir) for arg in line[:3]))
+  except psutil.Error:
+    return False
+
+
+def _kill(process: psutil.Process, program: str, why: str, level: int) -> None:
+  try:
+    logging.log(level, '%s: killing %s (pid %d): %s', program, process.name(), process.pid, why)
+    process.kill()
+  except psutil.Error:
+    pass
+
+
+def _shutdown_without_collecting(ray: Any) -> None:
+  """`ray.shutdown()` with no garbage collection while it runs.
+
+  An `ObjectRef` that dies releases its reference through the core worker, and
+  `ray.shutdown()` destroys the core worker before it drops Python's handle to
+  it; a collection in that window, on any thread (Tune leaves ObjectRefs in
+  reference cycles; the thread drawing summary.png allocates), dereferences the
+  destroyed worker and the process dies at once, without our `finally`s, its
+  Ray agents left running. Seen with Ray 2.40 in about one sweep in 50;
+  scripts/repro_shutdown_gc.py shows it. So: collect first, while the core
+  worker lives, and no automatic collection until it is gone.
+  """
+  gc.collect()
+  gc.disable()
+  try:
+    ray.shutdown()
+  finally:
+    gc.enable()
 
 
 def _wait_for_exit(processes: List[psutil.Process], timeout: float) -> List[psutil.Process]:
