@@ -198,10 +198,10 @@ def _shutdown_without_collecting(ray: Any) -> None:
 
   An `ObjectRef` that dies releases its reference through the core worker, and
   `ray.shutdown()` destroys the core worker before it drops Python's handle to
-  it; a collection in that window, on any thread (Tune leaves ObjectRefs in
-  reference cycles; the thread drawing summary.png allocates), dereferences the
-  destroyed worker and the process dies at once, without our `finally`s, its
-  Ray agents left running. Seen with Ray 2.40 in about one sweep in 50;
+  it; a collection in that window, on any thread (a sweep's driver: Tune's
+  garbage, freed as the thread drawing summary.png allocates), frees an
+  ObjectRef through the destroyed worker and the process dies at once, without
+  our `finally`s, its Ray agents left running. Seen with Ray 2.40 in 6 of 318 Ray sessions here;
   scripts/repro_shutdown_gc.py shows it. So: collect first, while the core
   worker lives, and no automatic collection until it is gone.
   """

@@ -279,6 +279,11 @@ def test_our_iqm_is_rliables_aggregate_iqm():
     assert np.allclose(aggregate.iqm(scores, axis=0),
                        [metrics.aggregate_iqm(scores[:, i:i + 1]) for i in range(6)])
     assert np.isclose(aggregate.iqm(scores[:, 0]), metrics.aggregate_iqm(scores[:, :1]))
+  # The trial workers' Optuna objective: the same IQM, of the finite values only.
+  from harness import sweep_trial
+  assert sweep_trial.iqm([3.0, None, 1.0, 2.0, 4.0, math.nan, 9.0]) == pytest.approx(
+      metrics.aggregate_iqm(np.array([3.0, 1.0, 2.0, 4.0, 9.0])))
+  assert sweep_trial.iqm([7.5]) == 7.5 and math.isnan(sweep_trial.iqm([None, math.nan]))
 
 
 def test_summary_rows_use_done_trials_only():
