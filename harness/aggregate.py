@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import logging as std_logging
 import math
@@ -86,13 +87,24 @@ def iqm(scores: np.ndarray, axis: Optional[int] = None) -> np.ndarray:
 def iqm_ci(scores: Sequence[float], reps: int = BOOTSTRAP_REPS,
            seed: int = 0) -> Tuple[float, float, float]:
   """(IQM, CI low, CI high) of one number per run; NaNs when there are none."""
-  values = np.asarray([s for s in scores if s is not None and math.isfinite(s)], np.float64)
-  if values.size == 0:
+  values = tuple(float(s) for s in scores if s is not None and math.isfinite(s))
+  if not values:
     return (math.nan, math.nan, math.nan)
+  if len(values) == 1:  # every resample of one run is that run
+    return (values[0], values[0], values[0])
+  return _bootstrap_iqm_ci(values, reps, seed)
+
+
+# A sweep rewrites summary.csv each time a trial ends; a point whose runs did not
+# change keeps its interval (the bootstrap is seeded), so it is not drawn again:
+# ~0.15 CPU-seconds per point and statistic.
+@functools.lru_cache(maxsize=4096)
+def _bootstrap_iqm_ci(values: Tuple[float, ...], reps: int,
+                      seed: int) -> Tuple[float, float, float]:
   from rliable import library as rly  # pylint: disable=g-import-not-at-top
   with _quiet_rliable():
     point, interval = rly.get_interval_estimates(
-        {'x': values.reshape(-1, 1)}, lambda s: np.array([iqm(s.ravel())]),
+        {'x': np.asarray(values).reshape(-1, 1)}, lambda s: np.array([iqm(s.ravel())]),
         reps=reps, confidence_interval_size=CONFIDENCE,
         random_state=np.random.RandomState(seed))
   return float(point['x'][0]), float(interval['x'][0, 0]), float(interval['x'][1, 0])
