@@ -166,7 +166,7 @@ def stop(embedded: bool, program: str) -> None:
   ray_dir = os.path.dirname(ray.__file__) + os.sep
   rays_own = [p for p in alive if _is_rays_own(p, ray_dir)]
   for process in rays_own:
-    _kill(process, program, 'left running by Ray', logging.INFO)
+    _kill(process, program, 'left running by Ray', logging.DEBUG)  # expected: quiet
   alive = _wait_for_exit([p for p in alive if p not in rays_own], EXIT_WAIT_S - RAY_GRACE_S)
   for process in alive:
     _kill(process, program, f'still running {EXIT_WAIT_S:.0f} s after Ray stopped',
