@@ -3,8 +3,9 @@
 An ObjectRef in a reference cycle is freed by the garbage collector; if that
 collection runs on another thread while `ray.shutdown()` is destroying the core
 worker, the process dies on the spot (its Ray agents left running). A sweep's
-driver has both: Tune leaves ObjectRefs in cycles, and summary.png is drawn on
-a thread while Ray stops.
+driver died so (its Ray log ends with "The core worker process is not
+initialized yet or already shutdown"): garbage from Tune's run, and
+summary.png drawn on a thread while Ray stops.
 
 Each round starts embedded Ray, leaves ObjectRefs in cycles (garbage, not yet
 collected), starts a thread that collects garbage `delay` seconds later, and
