@@ -19,11 +19,11 @@ the run directories. A trial with results.json is done; a failed trial runs
 again while it has failed fewer than `sweep_table.MAX_FAILURES` times; any other trial is
 (re)submitted, and harness-train resumes it from its own checkpoint.
 
-The sweep never imports TensorFlow or the training code: it validates the
-common configuration with `harness-train --check_only` in a subprocess. On one
-machine Ray and Tune start meanwhile, their trials held at a gate
-(`sweep_gate`) until the check has passed and SWEEP is written; on a cluster
-the check finishes first.
+The sweep never imports TensorFlow or the training code. On one machine the
+first trial's `harness-train` validates the common configuration before its own
+run, and every trial waits at a gate (`sweep_gate`) until the check has passed
+and SWEEP is written; on a cluster `harness-train --check_only` in a subprocess
+checks it, beside Ray's start, before Tune starts.
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ _PROGRAM = 'harness-sweep'
 RAY_LOG = 'ray.log'
 # Ray Tune's own files on a cluster (removed at the end); on one machine a temporary directory.
 TUNE_DIR = '.tune'
+# The longest an input check may take (a TensorFlow start, an environment built).
+CHECK_TIMEOUT_SECONDS = 600
 
 
 # --- input ----------------------------------------------------------------------------
@@ -165,11 +167,12 @@ def start_check(spec: Spec) -> subprocess.Popen:
 def finish_check(check: subprocess.Popen) -> None:
   """Waits for the check; its error line becomes ours (exit 2)."""
   try:
-    _, stderr = check.communicate(timeout=600)
+    _, stderr = check.communicate(timeout=CHECK_TIMEOUT_SECONDS)
   except subprocess.TimeoutExpired as e:
     check.kill()
     check.communicate()
-    raise UsageError('harness-train --check_only did not finish in 600 s') from e
+    raise UsageError(f'harness-train --check_only did not finish in {CHECK_TIMEOUT_SECONDS} s'
+                     ) from e
   if check.returncode == 0:
     return
   lines = [l for l in stderr.splitlines() if l.strip()]
@@ -250,30 +253,47 @@ def prepare_sweep_dir(root: str, spec: Spec, table: TrialTable, resuming: bool,
 
 
 class _GateOpener:
-  """On a thread of its own: waits for the input check, prepares SWEEP, then opens
+  """On a thread of its own: waits for the verdict of the input check (made by
+  the first trial's harness-train, see `sweep_gate`), prepares SWEEP, then opens
   the trials' gate; on bad input (or any error) it closes the gate instead."""
 
-  def __init__(self, check: subprocess.Popen, gate: sweep_gate.Gate,
-               prepare: Callable[[], None]):
-    self._check, self._gate, self._prepare = check, gate, prepare
+  def __init__(self, gate: sweep_gate.Gate, prepare: Callable[[], None]):
+    self._gate, self._prepare = gate, prepare
     self._error: Optional[BaseException] = None
+    self._cancelled = threading.Event()
     self._thread = threading.Thread(target=self._run, name='gate', daemon=True)
     self._thread.start()
 
   def _run(self) -> None:
     try:
-      finish_check(self._check)
+      verdict = self._gate.wait_verdict(CHECK_TIMEOUT_SECONDS, self._cancelled)
+      if verdict is None:  # Tune ended first (Ctrl-C, or no trial could start)
+        self._gate.close()
+        return
+      if not verdict.passed:
+        if verdict.exit_code == UsageError.exit_code:
+          raise UsageError(verdict.message)
+        raise RuntimeError(f'the input check failed (exit {verdict.exit_code}): '
+                           f'{verdict.message}')
       self._prepare()
       self._gate.open()
+    except TimeoutError as e:
+      self._error = UsageError(f'{e}: the first trial could not check the input; see '
+                               'SWEEP/logs after a run with --verbosity=1')
+      self._gate.close()
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by result())
       self._error = e
       self._gate.close()
 
-  def result(self) -> None:
-    """Waits for the thread; raises what stopped it (a bad input's UsageError)."""
+  def result(self) -> bool:
+    """After Tune has returned: True once SWEEP was prepared and the gate opened;
+    False if Tune ended before the input check did. Raises what stopped it (a bad
+    input's UsageError)."""
+    self._cancelled.set()
     self._thread.join()
     if self._error is not None:
       raise self._error
+    return self._gate.is_open()
 
 
 def nothing_left(table: TrialTable) -> bool:
@@ -296,16 +316,21 @@ def main(argv: List[str]) -> None:
   if resuming and nothing_left(table):
     logging.info('Nothing left to run in %s: writing the summary', root)
     sys.exit(finish(root, table))
-  check = start_check(spec)
   ray_runtime.quiet_environment()
   # Ray's log records wait in memory until the input is known to be good.
   held = log_handlers.MemoryHandler(capacity=100_000, flushLevel=std_logging.CRITICAL + 1)
   per_trial = _CPUS_PER_TRIAL.value * (len(spec.seeds) if spec.search == 'optuna' else 1)
   drawn = None
-  # On one machine Tune starts while the check runs, its trials held at a gate,
-  # and keeps its own files outside SWEEP meanwhile. On a cluster the check comes
-  # first and Tune's files go where every node sees them (as SWEEP must be).
+  # On one machine the first trial's harness-train checks the input (see
+  # sweep_gate), and Tune keeps its own files outside SWEEP meanwhile. On a
+  # cluster a check of our own comes first, beside Ray's start, and Tune's files
+  # go where every node sees them (as SWEEP must be).
   gate = None if _RAY_ADDRESS.value else sweep_gate.Gate()
+  check = None
+  if gate is None:
+    check = start_check(spec)
+  else:
+    gate.request_check(spec.gin_files, spec.bindings, [s.name for s in spec.sweeps])
   tune_dir = (tempfile.mkdtemp(prefix='harness-sweep-tune-') if gate else
               os.path.join(root, TUNE_DIR))
   opener = None
@@ -313,25 +338,27 @@ def main(argv: List[str]) -> None:
     try:
       start_ray(per_trial * (_MAX_CONCURRENT.value or 1))  # while the check runs
     except BaseException:
-      finish_check(check)  # Bad input is the error to report, not Ray's.
+      if check is not None:
+        finish_check(check)  # Bad input is the error to report, not Ray's.
       raise
     # After Ray's start: importing Ray and `ray.init` replace the 'ray' logger's handlers.
     ray_runtime.route_library_logs(held)
-    if gate is None:
+    if check is not None:
       finish_check(check)  # Bad input: exit 2 before anything in SWEEP is written.
       prepare_sweep_dir(root, spec, table, resuming, held)
     else:
-      opener = _GateOpener(check, gate, lambda: prepare_sweep_dir(root, spec, table, resuming,
-                                                                   held))
+      opener = _GateOpener(gate, lambda: prepare_sweep_dir(root, spec, table, resuming, held))
     sweep_tune.run_tune(root, spec, table, _CPUS_PER_TRIAL.value, _MAX_CONCURRENT.value,
                         tune_dir, track_group=os.path.basename(os.path.abspath(root))
                         if _TRACK.value else None, gate=gate)
-    if opener is not None:
-      opener.result()  # Bad input: its UsageError, with nothing in SWEEP.
+    if opener is not None and not opener.result():  # Bad input: its UsageError, nothing in SWEEP.
+      logging.error('The sweep stopped before its input was checked; nothing was written: '
+                    'run the same command again')
+      sys.exit(1)
     if not any(row['status'] == 'running' for row in table.rows.values()):  # not interrupted
       drawn = start_drawing(root)
   finally:
-    if check.poll() is None:
+    if check is not None and check.poll() is None:
       check.kill()
       check.wait()
     # Stops the Ray we started; on a cluster it only disconnects this driver.

@@ -68,6 +68,14 @@ def _die_with_parent_fn():
   return preexec
 
 
+def _existing_folder(path: str) -> str:
+  """`path`, or its nearest existing parent: SWEEP/trials/ is made only once the
+  gate opens, and children at the gate start before."""
+  while not os.path.isdir(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return path
+
+
 @dataclasses.dataclass(frozen=True)
 class ChildSpec:
   """What one harness-train child runs."""
@@ -121,19 +129,31 @@ def error_line(stderr_tail: Sequence[str], returncode: int) -> str:
 
 
 class Child:
-  """One harness-train process, with its stderr kept for the error line."""
+  """One harness-train process, with its stderr kept for the error line.
 
-  def __init__(self, spec: ChildSpec):
+  With a `gate` that is not open yet (the sweep's first trials, on one machine)
+  the child starts at once and waits at the gate itself (`harness-train
+  --sweep_gate`); the first child to start there checks the sweep's input first.
+  Until the gate opens its output is held here: nothing is written to SWEEP
+  before the input is known to be good.
+  """
+
+  def __init__(self, spec: ChildSpec, gate: Optional[sweep_gate.Gate] = None):
     self.spec = spec
     self.status = 'pending'
     self.error = ''
     self.results: Optional[Dict[str, Any]] = None
     self.wall_seconds = 0.0
     self.launches = 0
+    self._gate = gate
     self._process: Optional[subprocess.Popen] = None
     self._started = 0.0
     self._tail: Deque[str] = collections.deque(maxlen=30)
-    self._reader: Optional[threading.Thread] = None
+    self._readers: List[threading.Thread] = []
+    self._log_ready = threading.Event()  # set once output may go to the log (or is dropped)
+    self._drop_output = False
+    self._stderr_read = threading.Event()  # set at the end of the child's stderr
+    self._launched_at = ''
     self._in_use_retries = 0
     self._retry_at = 0.0
 
@@ -143,31 +163,90 @@ class Child:
     if self.results is not None:
       self.status = 'done'
       return
-    os.makedirs(os.path.dirname(self.spec.log_path), exist_ok=True)
-    log = open(self.spec.log_path, 'ab')  # pylint: disable=consider-using-with
-    log.write(f'=== harness-sweep: launch at {time.strftime("%Y-%m-%d %H:%M:%S")} on '
-              f'{os.uname().nodename}\n'.encode())
-    log.flush()
+    gated = self._gate is not None and not self._gate.is_open()
+    command = self.spec.command()
+    if gated:  # The first child to start at the gate checks the sweep's input.
+      command += [f'--sweep_gate={self._gate.path}']
+      command += ['--sweep_check'] if self._gate.claim_check() else []
     self._tail.clear()
+    self._log_ready.clear()
+    self._stderr_read.clear()
+    self._drop_output = False
+    self._launched_at = time.strftime('%Y-%m-%d %H:%M:%S')
+    log = None if gated else self._open_log()
     self._process = subprocess.Popen(  # pylint: disable=consider-using-with,subprocess-popen-preexec-fn
-        self.spec.command(), stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        env=self.spec.environment(), preexec_fn=_die_with_parent_fn(), start_new_session=True,
-        cwd=os.path.dirname(self.spec.root_dir))
-    log.close()  # The child holds its own descriptor.
+        command, stdout=subprocess.PIPE if gated else log, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, env=self.spec.environment(),
+        preexec_fn=_die_with_parent_fn(), start_new_session=True,
+        cwd=_existing_folder(os.path.dirname(self.spec.root_dir)))
+    if log is not None:
+      log.close()  # The child holds its own descriptor.
     self._started = time.time()
     self.launches += 1
     self.status = 'running'
-    self._reader = threading.Thread(target=self._read_stderr, daemon=True)
-    self._reader.start()
+    streams = [(self._process.stderr, True)] + ([(self._process.stdout, False)] if gated else [])
+    self._readers = [threading.Thread(target=self._copy_to_log, args=stream, daemon=True)
+                     for stream in streams]
+    for reader in self._readers:
+      reader.start()
 
-  def _read_stderr(self) -> None:
-    """Copies the child's stderr into its log and keeps the last lines."""
-    assert self._process is not None and self._process.stderr is not None
-    with open(self.spec.log_path, 'ab') as log:
-      for raw in self._process.stderr:
-        log.write(raw)
-        log.flush()
-        self._tail.append(raw.decode(errors='replace').rstrip('\n'))
+  def _open_log(self):
+    """SWEEP/logs/<trial_id>.log with this launch's first line, open for appending."""
+    os.makedirs(os.path.dirname(self.spec.log_path), exist_ok=True)
+    log = open(self.spec.log_path, 'ab')  # pylint: disable=consider-using-with
+    log.write(f'=== harness-sweep: launch at {self._launched_at} on '
+              f'{os.uname().nodename}\n'.encode())
+    log.flush()
+    self._log_ready.set()
+    return log
+
+  def gate_opened(self) -> None:
+    """The sweep's input passed: the held output goes to the log, and so does the rest."""
+    if self._process is not None and not self._log_ready.is_set():
+      self._open_log().close()
+
+  def gate_closed(self) -> None:
+    """Bad input: the child's output is dropped (nothing is written to SWEEP)."""
+    self._drop_output = True
+    self._log_ready.set()
+
+  def _copy_to_log(self, stream, keep_tail: bool) -> None:
+    """Copies one of the child's streams into its log (stderr: keeping the last
+    lines); lines that come before the log is ready are held until it is."""
+    held: List[bytes] = []
+    log = None
+    try:
+      for raw in stream:
+        if keep_tail:
+          self._tail.append(raw.decode(errors='replace').rstrip('\n'))
+        held.append(raw)
+        if self._log_ready.is_set():
+          log = self._write_held(held, log)
+      if keep_tail:
+        self._stderr_read.set()
+      if held and self._log_ready.wait(timeout=STOP_GRACE_SECONDS):
+        log = self._write_held(held, log)
+    finally:
+      if log is not None:
+        log.close()
+
+  def _write_held(self, held: List[bytes], log):
+    if not self._drop_output:
+      log = log or open(self.spec.log_path, 'ab')  # pylint: disable=consider-using-with
+      log.writelines(held)
+      log.flush()
+    held.clear()
+    return log
+
+  def exit_code(self) -> Optional[int]:
+    """The exit status of the child while nobody has polled it since; None while it runs."""
+    return None if self._process is None else self._process.poll()
+
+  def start_error(self) -> str:
+    """The error line of a child that ended before its run started."""
+    self._stderr_read.wait(timeout=10)  # its last lines may still be on their way
+    code = self.exit_code()
+    return error_line(list(self._tail), code if code is not None else 1)
 
   def poll(self) -> bool:
     """Updates the status; True while the child runs (or waits to be relaunched)."""
@@ -178,8 +257,8 @@ class Child:
     code = self._process.poll()
     if code is None:
       return True
-    if self._reader is not None:
-      self._reader.join(timeout=10)
+    for reader in self._readers:
+      reader.join(timeout=10)
     self.wall_seconds += time.time() - self._started
     self._process = None
     self.results = results.read_results(self.spec.root_dir)
@@ -250,17 +329,44 @@ class HarnessTrial(tune.Trainable):
   def setup(self, config: Dict[str, Any], sweep_dir: str = '',  # pylint: disable=arguments-differ
             spec_json: Optional[Dict[str, Any]] = None,
             track_group: Optional[str] = None, gate_dir: Optional[str] = None) -> None:
-    if gate_dir:  # Nothing is written or started before the input check has passed.
-      sweep_gate.Gate(gate_dir).wait()
     spec = sweep_spec.spec_from_json(spec_json or {})
     config = config.get('run', config)  # A grid run: {'point': ..., 'seeds': [seed]}
     point = config_point(spec, config)
-    self._children = [Child(c) for c in child_specs(sweep_dir, spec, point, config['seeds'],
-                                                          track_group)]
+    gate = sweep_gate.Gate(gate_dir) if gate_dir else None
+    if gate is not None and gate.is_open():
+      gate = None  # The sweep is past its input check.
+    self._children = [Child(c, gate) for c in child_specs(sweep_dir, spec, point,
+                                                          config['seeds'], track_group)]
     self._last_report = 0.0
     self._last_seen: Optional[tuple] = None
     for child in self._children:
       child.start()
+    if gate is not None:
+      # Tune counts the trial as started (and the table writes it) once setup returns.
+      self._wait_at_the_gate(gate)
+
+  def _wait_at_the_gate(self, gate: sweep_gate.Gate) -> None:
+    """Returns once the driver opens the gate. The children meanwhile start (one of
+    them checks the sweep's input) and wait there; a child that ends first gives
+    the verdict if there is none yet (the checker's crash, say)."""
+    try:
+      while not gate.is_open():
+        if gate.is_closed():
+          raise sweep_gate.GateClosed("the sweep's input check failed")
+        for child in self._children:
+          code = child.exit_code()
+          if code is not None:
+            gate.record_verdict(sweep_gate.Verdict(
+                False, child.start_error(), 2 if code == 2 else 1))
+            raise sweep_gate.GateClosed(f'harness-train ended at the gate: exit status {code}')
+        time.sleep(sweep_gate.POLL_SECONDS)
+    except sweep_gate.GateClosed:
+      for child in self._children:
+        child.gate_closed()
+      self.cleanup()
+      raise
+    for child in self._children:
+      child.gate_opened()
 
   def step(self) -> Dict[str, Any]:
     """Waits for news (a child ended, a new evaluation, or 10 s), then reports."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import time
 import tokenize
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -34,6 +35,7 @@ from harness import experiment
 from harness import memory
 from harness import shutdown
 from harness import errors
+from harness import sweep_gate
 from harness.errors import UsageError
 from harness.settings import RunConfig
 import harness
@@ -60,6 +62,14 @@ _CHECK_ONLY = flags.DEFINE_bool(
 _CHECK_NAMES = flags.DEFINE_multi_string(
     'check_names', [], 'With --check_only: binding names (configurable.parameter) that must '
     'exist, e.g. the names a sweep will bind.')
+
+_SWEEP_GATE = flags.DEFINE_string(
+    'sweep_gate', None, 'Set by harness-sweep on one machine: its gate directory '
+    '(harness/sweep_gate.py). The run waits there, touching nothing, until the sweep has '
+    'checked its input and prepared its directory.')
+_SWEEP_CHECK = flags.DEFINE_bool(
+    'sweep_check', False, "With --sweep_gate: first check the sweep's common gin files, "
+    'bindings and swept names, and record the verdict at the gate.')
 
 _PROGRAM = 'harness-train'
 # Jobs that connect to a replay server started elsewhere (`--job=replay`).
@@ -162,6 +172,50 @@ def check_names(names: Sequence[str]) -> None:
       raise UsageError(f'unknown gin binding {name!r}: {errors.binding_hint(name)}')
 
 
+def check_input(gin_files: Sequence[str], gin_bindings: Sequence[str],
+                names: Sequence[str] = (), root_dir: Optional[str] = None, job: str = 'all',
+                replay_address: Optional[str] = None, collector_id: int = 0) -> RunConfig:
+  """Parses gin and checks names, values, the environment and the allocator
+  setting; returns the run's settings. Library output meanwhile (gin's logging
+  of a missing file, the ALE banner) is held back: a failed start shows only our
+  error line."""
+  with errors.held_output(replay_on_error=_verbose()):
+    parse_gin(gin_files, gin_bindings)
+    check_names(names)
+    cfg = check_values(root_dir, job, replay_address, collector_id)
+    check_env()
+    memory.configure_allocator()  # checks its gin value too
+  return cfg
+
+
+def check_for_sweep(gate: sweep_gate.Gate) -> None:
+  """--sweep_check: checks the sweep's common configuration (as `--check_only`
+  with `--check_names` would), records the verdict at the gate, and clears gin
+  for the run's own configuration."""
+  request = gate.check_request()
+  try:
+    check_input(request['gin_files'], request['bindings'], request['names'])
+  except UsageError as e:
+    gate.record_verdict(sweep_gate.Verdict(False, str(e), UsageError.exit_code))
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (a bug: the sweep reports it)
+    gate.record_verdict(sweep_gate.Verdict(False, errors.first_line(e), 1))
+    raise
+  gate.record_verdict(sweep_gate.Verdict(True))
+  gin.clear_config()
+
+
+def wait_at_gate(gate: sweep_gate.Gate) -> None:
+  """Waits until the sweep opens its gate (SIGTERM still stops the wait)."""
+  started = time.monotonic()
+  try:
+    gate.wait(while_waiting=lambda: shutdown.exit_if_requested("at the sweep's gate"))
+  except sweep_gate.GateClosed as e:
+    raise UsageError("the sweep's input check failed: harness-sweep reports why") from e
+  logging.info("Waited %.1f s at the sweep's gate (its input check)",
+               time.monotonic() - started)
+
+
 def main(argv: List[str]) -> None:
   # Signals first: a launch stopped while it starts exits with 143/130 too.
   # The grace is train_eval's default until the bindings are read.
@@ -176,15 +230,13 @@ def main(argv: List[str]) -> None:
     from harness import tracking  # pylint: disable=g-import-not-at-top
     tracking.check_ready()
   harness.quiet_tensorflow_logs()
-  # Library output while checking the input (gin's logging of a missing file,
-  # the ALE banner) is held back: a failed start shows only our error line.
-  with errors.held_output(replay_on_error=_verbose()):
-    parse_gin(_GIN_FILE.value, _GIN_BINDINGS.value)
-    check_names(_CHECK_NAMES.value)
-    cfg = check_values(_ROOT_DIR.value, _JOB.value, _REPLAY_ADDRESS.value,
-                       _COLLECTOR_ID.value)
-    check_env()
-    memory.configure_allocator()  # checks its gin value too
+  if _SWEEP_GATE.value:
+    gate = sweep_gate.Gate(_SWEEP_GATE.value)
+    if _SWEEP_CHECK.value:
+      check_for_sweep(gate)
+    wait_at_gate(gate)
+  cfg = check_input(_GIN_FILE.value, _GIN_BINDINGS.value, _CHECK_NAMES.value, _ROOT_DIR.value,
+                    _JOB.value, _REPLAY_ADDRESS.value, _COLLECTOR_ID.value)
   shutdown.install_signal_handlers(cfg.shutdown_grace_seconds, _PROGRAM)
   shutdown.exit_if_requested('during start-up')
   if _CHECK_ONLY.value:

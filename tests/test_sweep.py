@@ -423,6 +423,95 @@ def test_a_trial_waits_at_the_gate_until_it_opens_and_fails_if_it_closes(tmp_pat
   assert not os.path.exists(closed.path)
 
 
+def test_one_child_claims_the_check_and_the_first_verdict_stands(tmp_path):
+  from harness import sweep_gate
+  gate = sweep_gate.Gate(str(tmp_path))
+  gate.request_check(['/a.gin'], ['x.y=1'], ['make_agent.learning_rate'])
+  assert gate.check_request() == {'gin_files': ['/a.gin'], 'bindings': ['x.y=1'],
+                                  'names': ['make_agent.learning_rate']}
+  claims = []
+  threads = [threading.Thread(target=lambda: claims.append(gate.claim_check()))
+             for _ in range(8)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert sorted(claims) == [False] * 7 + [True]
+  assert gate.verdict() is None
+  assert gate.wait_verdict(5, cancelled=_set_event()) is None  # cancelled: no verdict
+  assert gate.record_verdict(sweep_gate.Verdict(False, 'unknown gin binding', 2))
+  assert not gate.record_verdict(sweep_gate.Verdict(True))
+  assert gate.wait_verdict(5) == sweep_gate.Verdict(False, 'unknown gin binding', 2)
+
+
+def _set_event() -> threading.Event:
+  event = threading.Event()
+  event.set()
+  return event
+
+
+def _gated_child(tmp_path, gate, script: str):
+  """A sweep_trial.Child whose process is `python -c script` (its argv ends with
+  the gate flags), in a sweep directory that does not exist yet."""
+  from harness import sweep_trial
+
+  class ScriptChild(sweep_trial.ChildSpec):
+
+    def command(self) -> List[str]:
+      return [sys.executable, '-c', script]
+
+  sweep = tmp_path / 'sweep'
+  spec = ScriptChild('t1', str(sweep / 'trials' / 't1'), str(sweep / 'logs' / 't1.log'), [], [])
+  return sweep_trial.Child(spec, gate), sweep
+
+
+_WAITS_FOR_THE_GATE = """
+import os, sys, time
+print('at the gate:', ' '.join(sys.argv[1:]), flush=True)
+gate = sys.argv[1].split('=', 1)[1]
+while not os.path.exists(os.path.join(gate, 'open')):
+  time.sleep(0.05)
+print('through the gate', flush=True)
+"""
+
+
+def test_a_gated_child_starts_at_once_and_writes_its_log_only_once_the_gate_opens(tmp_path):
+  from harness import sweep_gate
+  gate = sweep_gate.Gate(str(tmp_path / 'gate'))
+  os.makedirs(gate.path)
+  child, sweep = _gated_child(tmp_path, gate, _WAITS_FOR_THE_GATE)
+  child.start()
+  time.sleep(1.0)
+  assert child.exit_code() is None and not sweep.exists()  # held: nothing in SWEEP
+  gate.open()
+  child.gate_opened()
+  deadline = time.time() + 30
+  while child.poll():
+    assert time.time() < deadline
+    time.sleep(0.05)
+  log = (sweep / 'logs' / 't1.log').read_text()
+  assert log.startswith('=== harness-sweep: launch at')
+  # The first child at the gate was the one to check the input.
+  assert f'at the gate: --sweep_gate={gate.path} --sweep_check' in log
+  assert log.index('at the gate') < log.index('through the gate')
+
+
+def test_a_child_that_ends_at_the_gate_gives_the_verdict_and_writes_nothing(tmp_path):
+  """A crash before the checker's own verdict must not leave the sweep waiting."""
+  from harness import sweep_gate
+  from harness import sweep_trial
+  gate = sweep_gate.Gate(str(tmp_path / 'gate'))
+  os.makedirs(gate.path)
+  child, sweep = _gated_child(
+      tmp_path, gate, "import sys; sys.stderr.write('Boom: no such thing\\n'); sys.exit(3)")
+  child.start()
+  trial = type('Trial', (), {'_children': [child], 'cleanup': lambda self: None})()
+  with pytest.raises(sweep_gate.GateClosed):
+    sweep_trial.HarnessTrial._wait_at_the_gate(trial, gate)  # pylint: disable=protected-access
+  assert gate.verdict() == sweep_gate.Verdict(False, 'Boom: no such thing', 1)
+  assert not sweep.exists()
+
+
 # --- a finished 2 x 2 grid (shared) ----------------------------------------------------
 
 
