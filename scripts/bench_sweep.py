@@ -99,15 +99,21 @@ def cpu_label(proc: psutil.Process) -> str:
   return name
 
 
-def record_cpu(tag: str, cpu: Dict[int, Tuple[str, float]]) -> None:
-  """The latest user + system CPU seconds of every process of the sweep, by pid."""
+def record_cpu(tag: str, cpu: Dict[int, Tuple[str, float]],
+               trials: Dict[int, List[float]]) -> None:
+  """The latest user + system CPU seconds of every process of the sweep, by pid;
+  and [started, last seen] of every trial's harness-train, for the timeline."""
+  now = time.time()
   for proc in tagged(tag):
     try:
       times = proc.cpu_times()
+      label = cpu_label(proc)
+      if label == 'harness-train trials':
+        trials.setdefault(proc.pid, [proc.create_time(), now])[1] = now
     except psutil.Error:
       continue
     # Labelled at every sample: a child just forked still carries its parent's name.
-    cpu[proc.pid] = (cpu_label(proc), times.user + times.system)
+    cpu[proc.pid] = (label, times.user + times.system)
 
 
 def main() -> None:
@@ -132,6 +138,7 @@ def main() -> None:
   print(f'load average before: {os.getloadavg()[0]:.2f}', flush=True)
   peak, peak_pss, peak_parts = 0.0, 0.0, {}
   cpu: Dict[int, Tuple[str, float]] = {}
+  trial_spans: Dict[int, List[float]] = {}
   start = time.time()
   with open(os.path.join(os.path.dirname(root), 'bench_sweep.log'), 'w') as log:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -140,7 +147,7 @@ def main() -> None:
       if total > peak:
         peak, peak_parts = total, parts
       peak_pss = max(peak_pss, total_pss)
-      record_cpu(tag, cpu)
+      record_cpu(tag, cpu, trial_spans)
       time.sleep(0.25)
   wall = time.time() - start
   if proc.returncode != 0:
@@ -164,6 +171,9 @@ def main() -> None:
     by_label[label] = by_label.get(label, 0.0) + seconds
   print('CPU seconds by process (sampled every 0.25 s, so a little short): ' + ', '.join(
       f'{k} {v:.1f}' for k, v in sorted(by_label.items(), key=lambda kv: -kv[1])))
+  spans = sorted((begin - start, end - start) for begin, end in trial_spans.values())
+  print('timeline, seconds from the command\'s start (ends to within 0.25 s): trials ran '
+        + ', '.join(f'{begin:.1f}-{end:.1f}' for begin, end in spans) + f'; exit {wall:.1f}')
   print(f'load average after: {os.getloadavg()[0]:.2f}; sweep: {root}')
 
 
