@@ -381,8 +381,13 @@ COMMAND = cli.Command(
     module=__name__)
 
 def run() -> None:
-  """Console-script entry point."""
-  cli.run_app(_PROGRAM, main, COMMAND)
+  """Console-script entry point. Once Ray has stopped and everything is written,
+  the exit skips the interpreter's teardown (Ray's and pyarrow's C++ modules,
+  joining idle threads): `cli.exit_without_teardown`."""
+  try:
+    cli.run_app(_PROGRAM, main, COMMAND)
+  except SystemExit as e:
+    cli.exit_without_teardown(e.code)
 
 
 if __name__ == '__main__':
