@@ -3,8 +3,14 @@
 Trains SB3's DQN with the hyperparameters of the Zoo's hyperparams/dqn.yml for a
 classic-control task, then evaluates the *final* policy the way results.json
 does (20 greedy episodes, seeds of their own), and prints one JSON line:
-task, seed, final_return, final_return_std, wall_seconds (training only, as
-the harness's results.json counts its launch).
+task, seed, final_return, final_return_std, wall_seconds.
+
+For a wall-time comparison with the harness, the protocol is the harness's:
+`--eval_interval` and `--eval_episodes` (default: the task's gin file, e.g. 10
+greedy episodes every 5,000 env steps) evaluate periodically with SB3's own
+`EvalCallback`, and wall_seconds counts training and those evaluations, not the
+final evaluation, as results.json counts a run's. `--eval_interval=0` gives
+training only.
 
 Needs Stable-Baselines3 and PyTorch, which the harness does not depend on;
 use a virtual environment of their own:
@@ -47,6 +53,11 @@ ZOO = {
 }
 
 
+# The harness's gin files: env steps between evaluations, episodes per evaluation.
+EVAL_PROTOCOL = {'CartPole-v1': (2500, 10), 'Acrobot-v1': (5000, 10),
+                 'LunarLander-v3': (5000, 10), 'MountainCar-v0': (5000, 10)}
+
+
 def evaluate(model, task: str, episodes: int, seed: int) -> np.ndarray:
   env = gym.make(task)
   returns = []
@@ -66,21 +77,30 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--task', choices=sorted(ZOO), required=True)
   parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--episodes', type=int, default=20)
+  parser.add_argument('--episodes', type=int, default=20, help='final evaluation episodes')
+  parser.add_argument('--eval_interval', type=int, default=None,
+                      help="env steps between evaluations (default: the harness's gin file)")
+  parser.add_argument('--eval_episodes', type=int, default=None)
   args = parser.parse_args()
   from stable_baselines3 import DQN  # pylint: disable=g-import-not-at-top
+  from stable_baselines3.common.callbacks import EvalCallback  # pylint: disable=g-import-not-at-top
+  interval, episodes = EVAL_PROTOCOL[args.task]
+  interval = interval if args.eval_interval is None else args.eval_interval
+  episodes = episodes if args.eval_episodes is None else args.eval_episodes
   settings = dict(ZOO[args.task])
   steps = settings.pop('n_timesteps')
   net_arch = settings.pop('net_arch')
   model = DQN('MlpPolicy', gym.make(args.task), policy_kwargs=dict(net_arch=net_arch),
               seed=args.seed, verbose=0, device='cpu', **settings)
+  callback = (EvalCallback(gym.make(args.task), n_eval_episodes=episodes, eval_freq=interval,
+                           deterministic=True, verbose=0) if interval > 0 else None)
   start = time.time()
-  model.learn(total_timesteps=steps)
+  model.learn(total_timesteps=steps, callback=callback)
   wall = time.time() - start
   returns = evaluate(model, args.task, args.episodes, seed=20_000 + args.seed)
   print(json.dumps({'task': args.task, 'seed': args.seed, 'final_return': float(returns.mean()),
                     'final_return_std': float(returns.std()), 'wall_seconds': round(wall, 1),
-                    'env_steps': steps}))
+                    'env_steps': steps, 'eval_interval': interval, 'eval_episodes': episodes}))
 
 
 if __name__ == '__main__':
