@@ -130,14 +130,6 @@ def run_tune(root: str, spec: Spec, table: TrialTable, cpus_per_trial: float,
   from ray import train as ray_train  # pylint: disable=g-import-not-at-top
   from ray import tune  # pylint: disable=g-import-not-at-top
   from harness import sweep_trial  # pylint: disable=g-import-not-at-top
-  from ray.tune.execution import class_cache  # pylint: disable=g-import-not-at-top
-  import ray as _ray
-  _orig = class_cache._ActorClassCache.get
-  def _get(self, cls):
-    if cls not in self._cache:
-      self._cache[cls] = _ray.remote(cls)
-    return self._cache[cls]
-  class_cache._ActorClassCache.get = _get
 
   scheduler = None
   if spec.search == 'grid':
