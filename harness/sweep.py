@@ -287,8 +287,7 @@ class _GateOpener:
       self._prepare()
       self._gate.open()
     except TimeoutError as e:
-      self._error = UsageError(f'{e}: the first trial could not check the input; see '
-                               'SWEEP/logs after a run with --verbosity=1')
+      self._error = UsageError(f'{e}: the first trial could not check the input')
       self._gate.close()
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by result())
       self._error = e

@@ -79,7 +79,7 @@ class Gate:
     try:
       with open(os.path.join(self.path, _VERDICT), encoding='utf-8') as f:
         return Verdict(**json.load(f))
-    except (FileNotFoundError, json.JSONDecodeError):  # none yet, or being written
+    except FileNotFoundError:  # none yet (`_write_new` links it in whole)
       return None
 
   def wait_verdict(self, timeout: float,

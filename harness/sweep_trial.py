@@ -349,17 +349,16 @@ class HarnessTrial(tune.Trainable):
     """Returns once the driver opens the gate. The children meanwhile start (one of
     them checks the sweep's input) and wait there; a child that ends first gives
     the verdict if there is none yet (the checker's crash, say)."""
+    def check_children() -> None:
+      for child in self._children:
+        code = child.exit_code()
+        if code is not None:
+          gate.record_verdict(sweep_gate.Verdict(
+              False, child.start_error(), 2 if code == 2 else 1))
+          raise sweep_gate.GateClosed(f'harness-train ended at the gate: exit status {code}')
+
     try:
-      while not gate.is_open():
-        if gate.is_closed():
-          raise sweep_gate.GateClosed("the sweep's input check failed")
-        for child in self._children:
-          code = child.exit_code()
-          if code is not None:
-            gate.record_verdict(sweep_gate.Verdict(
-                False, child.start_error(), 2 if code == 2 else 1))
-            raise sweep_gate.GateClosed(f'harness-train ended at the gate: exit status {code}')
-        time.sleep(sweep_gate.POLL_SECONDS)
+      gate.wait(while_waiting=check_children)
     except sweep_gate.GateClosed:
       for child in self._children:
         child.gate_closed()
