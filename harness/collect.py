@@ -14,6 +14,8 @@ from tf_agents.policies import tf_policy
 from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 
+from harness import host_policy
+
 Observer = Callable[[object], None]
 # Env steps of the initial random collect between two looks at a stop request.
 RANDOM_CHUNK_STEPS = 1000
@@ -79,9 +81,23 @@ class CompiledPolicy(py_tf_eager_policy.PyTFEagerPolicy):
       step = tf.nest.map_structure(lambda x: x[0], step)
     return step
 
+  def refresh(self) -> None:
+    """Nothing to copy: the traced function reads the variables at each call."""
+
   def trace_count(self) -> int:
     """How many times the action function has been traced (1 for a healthy run)."""
     return int(self._act.experimental_get_tracing_count())
+
+
+def py_policy_for(policy: tf_policy.TFPolicy, env: py_environment.PyEnvironment,
+                  seed: int = 0):
+  """`policy` as a py policy for `env`: in numpy where `harness.host_policy`
+  computes its network exactly (no TensorFlow call per step), else compiled.
+
+  Call its `refresh()` after the network's weights or the epsilon changed.
+  `seed` seeds the numpy policy's exploration draws.
+  """
+  return host_policy.for_tf_policy(policy, env.batched, seed) or CompiledPolicy(policy, env)
 
 
 class Collector:
@@ -92,9 +108,9 @@ class Collector:
   """
 
   def __init__(self, env: py_environment.PyEnvironment, policy: tf_policy.TFPolicy,
-               observers: List[Observer], steps_per_run: int):
+               observers: List[Observer], steps_per_run: int, seed: int = 0):
     self.env = env
-    self.policy = CompiledPolicy(policy, env)
+    self.policy = py_policy_for(policy, env, seed)
     outer_dims = (env.batch_size,) if env.batched else ()
     random_policy = random_py_policy.RandomPyPolicy(
         env.time_step_spec(), env.action_spec(), outer_dims=outer_dims)
@@ -130,6 +146,7 @@ class Collector:
 
   def run(self) -> None:
     """`steps_per_run` env steps with the collect policy."""
+    self.policy.refresh()  # the weights and epsilon of the training since the last run
     self._time_step, _ = self._driver.run(self._time_step_or_reset())
 
   def trace_count(self) -> int:

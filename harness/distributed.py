@@ -236,7 +236,7 @@ def run_collector(cfg: RunConfig, settings: Distributed, locator: ReplayLocator,
                               *wait_for_server(locator, settings.max_unreachable_seconds))
   stats = metrics.EpisodeStats(cfg.num_envs)
   collector = collect.Collector(env, parts.agent.collect_policy, [conn, stats],
-                                settings.pull_interval_steps)
+                                settings.pull_interval_steps, seed=seed)
   variables = shared_variables(parts)
   with disk.writing(os.path.join(cfg.root_dir, 'collectors')):
     os.makedirs(os.path.join(cfg.root_dir, 'collectors'), exist_ok=True)

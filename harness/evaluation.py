@@ -68,6 +68,9 @@ class Evaluation:
   def run(self) -> EvalResult:
     returns: List[float] = []
     lengths: List[int] = []
+    refresh = getattr(self.policy, 'refresh', None)  # a loaded SavedModel has none
+    if refresh:
+      refresh()  # the weights trained since the last evaluation
     while len(returns) < self.episodes:
       round_returns, round_lengths = self._play_round()
       wanted = self.episodes - len(returns)

@@ -74,10 +74,10 @@ class Reporter:
     self._last = None
     self._start = None
 
-  def _greedy_policy(self, env: py_environment.PyEnvironment) -> collect.CompiledPolicy:
-    """The greedy policy compiled for `env` (evaluations and videos add `eval_epsilon`
-    themselves, per env)."""
-    return collect.CompiledPolicy(self._parts.agent.policy, env)
+  def _greedy_policy(self, env: py_environment.PyEnvironment):
+    """The greedy policy as a py policy for `env` (evaluations and videos add
+    `eval_epsilon` themselves, per env, and refresh its weights before playing)."""
+    return collect.py_policy_for(self._parts.agent.policy, env)
 
   def _make_evaluation(self, policy_for, episodes: int, seed: int) -> evaluation.Evaluation:
     """Episodes side by side on envs of their own (seeds seed, seed+1, ...)."""

@@ -165,6 +165,7 @@ class Recorder:
 
   def record(self, env_steps: int) -> Tuple[str, float, int]:
     """Plays one episode; returns the video's path, the episode's return and length."""
+    self._policy.refresh()  # the weights trained since the last video
     returns, lengths, frames = play(lambda step: self._policy.action(step).action, self._env,
                                     epsilon=self._epsilon, rng=self._rng)
     return write(frames, self.path(env_steps), self._fps), returns[0], lengths[0]

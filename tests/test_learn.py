@@ -41,7 +41,8 @@ def test_train_and_policy_functions_trace_once(pieces):
     losses.append(trainer())
   assert np.all(np.isfinite(losses))
   assert trainer.trace_count() == 1
-  assert collector.trace_count() == 1
+  # The MLP's collect policy runs in numpy (harness.host_policy): nothing to trace.
+  assert collector.trace_count() == 0
   assert int(built.agent.train_step_counter.numpy()) >= 60
 
 
@@ -56,7 +57,8 @@ def test_epsilon_follows_its_variables_without_a_retrace(pieces):
   schedule.assign(end=0.3, start=1.0, decay_steps=0)
   assert abs(float(schedule()) - 0.3) < 1e-6
   collector.run()
-  assert collector.trace_count() == 1
+  assert abs(collector.policy.epsilon - 0.3) < 1e-6  # the host policy read it at the run's start
+  assert collector.trace_count() == 0
 
 
 @pytest.mark.parametrize('num_envs', [1, 3])

@@ -1,0 +1,91 @@
+"""The numpy policy acts exactly as the TF policy it stands for, and follows training."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tf_agents.specs import tensor_spec
+from tf_agents.train.utils import train_utils
+from tf_agents.trajectories import time_step as ts
+
+from harness import agents, checkpoints, collect, envs, host_policy
+
+
+def _agent(env, dueling: bool, **kwargs):
+  return agents.make_agent(tensor_spec.from_spec(env.time_step_spec()),
+                           tensor_spec.from_spec(env.action_spec()),
+                           train_utils.create_train_step(), checkpoints.RunState().env_steps,
+                           fc_layer_params=(32, 16), dueling=dueling, **kwargs)
+
+
+@pytest.mark.parametrize('dueling', [False, True])
+@pytest.mark.parametrize('num_envs', [1, 3])
+def test_greedy_actions_and_q_values_match_the_tf_policy(num_envs, dueling):
+  tf.random.set_seed(0)
+  env = envs.make_batched_env(num_envs, seed=1) if num_envs > 1 else envs.make_env(
+      'CartPole-v1', seed=1)
+  agent = _agent(env, dueling).agent
+  host = collect.py_policy_for(agent.policy, env)
+  assert isinstance(host, host_policy.HostQPolicy)
+  rng = np.random.default_rng(0)
+  time_step = env.reset()
+  seen = set()
+  for _ in range(200):
+    # Observations spread wider than an episode's, so the greedy action varies.
+    observation = rng.normal(0, 2, np.shape(time_step.observation)).astype(np.float32)
+    time_step = time_step._replace(observation=observation)
+    batch = observation if num_envs > 1 else observation[None]
+    q_tf = agent._q_network(batch)[0].numpy()  # pylint: disable=protected-access
+    np.testing.assert_allclose(host.q_values(batch), q_tf, rtol=1e-5, atol=1e-6)
+    expected = agent.policy.action(ts.restart(tf.constant(batch), len(batch))).action.numpy()
+    action = host.action(time_step).action
+    np.testing.assert_array_equal(np.atleast_1d(action), expected)
+    assert np.shape(action) == (() if num_envs == 1 else (num_envs,))
+    assert np.asarray(action).dtype == env.action_spec().dtype
+    seen.update(np.atleast_1d(action).tolist())
+  assert seen == {0, 1}  # the actions depend on the observation: a constant would not pass
+
+
+def test_refresh_takes_new_weights_and_epsilon():
+  env = envs.make_batched_env(4, seed=0)
+  built = _agent(env, dueling=True, epsilon_greedy=0.0, epsilon_start=0.0)
+  collect_policy = collect.py_policy_for(built.agent.collect_policy, env, seed=3)
+  observation = np.random.default_rng(1).normal(size=(4, 4)).astype(np.float32)
+  before = collect_policy.q_values(observation)
+  for variable in built.agent._q_network.trainable_variables:  # pylint: disable=protected-access
+    variable.assign_add(tf.ones_like(variable) * 0.1)
+  np.testing.assert_array_equal(collect_policy.q_values(observation), before)  # not yet
+  collect_policy.refresh()
+  after = collect_policy.q_values(observation)
+  assert not np.allclose(after, before)
+  np.testing.assert_allclose(
+      after, built.agent._q_network(observation)[0].numpy(), rtol=1e-5, atol=1e-6)  # pylint: disable=protected-access
+  assert collect_policy.epsilon == 0.0
+  built.epsilon.assign(end=1.0, start=1.0, decay_steps=0)
+  collect_policy.refresh()
+  assert collect_policy.epsilon == 1.0
+  time_step = env.reset()
+  actions = np.concatenate([collect_policy.action(time_step).action for _ in range(500)])
+  # epsilon 1: uniform over both actions, whatever the greedy one is
+  assert 0.4 < np.mean(actions == 0) < 0.6
+
+
+def test_same_seed_same_exploration():
+  env = envs.make_batched_env(4, seed=0)
+  built = _agent(env, dueling=False, epsilon_greedy=0.5, epsilon_start=0.5)
+  time_step = env.reset()
+  runs = []
+  for _ in range(2):
+    policy = collect.py_policy_for(built.agent.collect_policy, env, seed=7)
+    runs.append(np.concatenate([policy.action(time_step).action for _ in range(100)]))
+  np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_convolutional_networks_keep_the_compiled_policy():
+  """Image observations (uint8, convolutions) are not computed in numpy."""
+  observation_spec = tensor_spec.BoundedTensorSpec((8, 8, 2), tf.uint8, 0, 255)
+  action_spec = tensor_spec.BoundedTensorSpec((), tf.int64, 0, 3)
+  agent = agents.make_agent(ts.time_step_spec(observation_spec), action_spec,
+                            train_utils.create_train_step(), checkpoints.RunState().env_steps,
+                            conv_layer_params=((4, 3, 1),), fc_layer_params=(8,)).agent
+  assert host_policy.for_tf_policy(agent.policy, batched=True, seed=0) is None
+  assert host_policy.for_tf_policy(agent.collect_policy, batched=True, seed=0) is None
