@@ -9,6 +9,12 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 # which servers lack (eight ALSA error lines on stderr).
 os.environ.setdefault('PYGAME_HIDE_SUPPORT_PROMPT', '1')
 os.environ.setdefault('SDL_AUDIODRIVER', 'dummy')
+# numpy's OpenBLAS on one thread: the harness's numpy work is tiny (the host
+# policy's MLP on a few observations), and OpenBLAS's second thread contended
+# with TensorFlow's for the two cores: a policy call took 0.42 ms in a run with
+# it, 0.15 ms without, and the run 13 % less wall time (docs/performance.md).
+# Read when numpy loads, so it takes effect where `harness` is imported first.
+os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
 
 # tf-agents 0.19 imports the unmaintained `gym` (we use gymnasium), whose import
 # prints a deprecation notice on stderr, looked up in the `gym_notices` package:

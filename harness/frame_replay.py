@@ -33,9 +33,6 @@ from harness.errors import UsageError
 
 _FIRST = int(ts.StepType.FIRST)
 _LAST = int(ts.StepType.LAST)
-# Columns of the `meta` row, all stored as float32: one column instead of five
-# saves Reverb's per-column bookkeeping on every item (about 170 bytes each).
-_META = ('step_type', 'action', 'reward', 'discount', 'next_step_type')
 _MAX_EXACT_FLOAT32_INT = 2**24
 
 
@@ -83,7 +80,7 @@ class FrameReplay:
 
   def signature(self) -> dict:
     return {'frame': tf.TensorSpec((self.window,) + self.frame_shape, tf.uint8, 'frame'),
-            'meta': tf.TensorSpec((self.window, len(_META)), tf.float32, 'meta')}
+            'meta': tf.TensorSpec((self.window, len(replay.META_FIELDS)), tf.float32, 'meta')}
 
   @property
   def rows_per_item(self) -> int:
@@ -193,8 +190,7 @@ class _EnvWriter:
     first = int(traj.step_type) == _FIRST
     self._check_stack(observation, first)
     step = {'frame': np.ascontiguousarray(observation[..., -1]),
-            'meta': np.array([traj.step_type, traj.action, traj.reward, traj.discount,
-                              traj.next_step_type], np.float32)}
+            'meta': replay.meta_row(traj)}
     if self._appended == 0 and first:
       # Padding steps so that the first items of a fresh writer span a full
       # window; marked FIRST, they are never used as anything but padding.
@@ -227,7 +223,7 @@ class FrameObserver:
 
   def __init__(self, replay_: FrameReplay, client: reverb.Client, num_envs: int,
                table: str = replay.TABLE):
-    _check_table_layout(client, table, replay_.signature())
+    replay.check_table_layout(client, replay_.signature(), table)
     self._batched = num_envs > 1
     self._writers: List[_EnvWriter] = [
         _EnvWriter(replay_, client, table) for _ in range(num_envs)]
@@ -251,22 +247,6 @@ class FrameObserver:
   def close(self) -> None:
     for writer in self._writers:
       writer.close()
-
-
-def _check_table_layout(client: reverb.Client, table: str, signature: dict) -> None:
-  """A table restored from a checkpoint keeps its old layout: refuse a mismatch."""
-  info = client.server_info().get(table)
-  stored = info.signature if info is not None else None
-  if stored is None:
-    return
-  same = (tree.is_nested(stored) and set(stored) == set(signature) and all(
-      stored[k].shape == signature[k].shape and stored[k].dtype == signature[k].dtype
-      for k in signature))
-  if not same:
-    raise UsageError(
-        f'the replay table {table!r} holds items of another layout (from a run with other '
-        'replay or observation settings): resume with the settings it was written with, '
-        'or start a new --root_dir')
 
 
 @gin.configurable

@@ -77,8 +77,16 @@ class HostQPolicy(py_policy.PyPolicy):
                epsilon: Optional[Callable[[], tf.Tensor]], batched: bool, seed: int):
     super().__init__(tensor_spec.to_array_spec(policy.time_step_spec),
                      tensor_spec.to_array_spec(policy.action_spec))
-    self._plan = plan
-    self._epsilon_fn = epsilon
+    self._kinds = [kind for kind, _ in plan]
+    variables = [list(layer_variables) for _, layer_variables in plan]
+    zero = lambda: tf.constant(0.0)
+    # One traced call reads every weight and the epsilon: eagerly, reading six
+    # variables and computing the epsilon schedule took 2 ms per refresh here
+    # (0.2 ms in one call), paid every 16 env steps on MountainCar.
+    self._read = tf.function(
+        lambda: ([[v.read_value() for v in vs] for vs in variables],
+                 tf.cast((epsilon or zero)(), tf.float32)),
+        autograph=False).get_concrete_function()
     self._batched = batched
     spec = policy.action_spec
     self._num_actions = int(spec.maximum) - int(spec.minimum) + 1
@@ -92,8 +100,9 @@ class HostQPolicy(py_policy.PyPolicy):
 
   def refresh(self) -> None:
     """Copies the network's current weights (and the epsilon) for the next steps."""
-    self._weights = [(kind, [v.numpy() for v in variables]) for kind, variables in self._plan]
-    self.epsilon = float(self._epsilon_fn()) if self._epsilon_fn is not None else 0.0
+    weights, epsilon = self._read()
+    self._weights = [(kind, [w.numpy() for w in layer]) for kind, layer in zip(self._kinds, weights)]
+    self.epsilon = float(epsilon)
 
   def q_values(self, observation: np.ndarray) -> np.ndarray:
     """[B, num_actions] Q-values of a batch of observations."""

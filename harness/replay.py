@@ -6,14 +6,15 @@ import os
 from typing import List, Optional
 
 from absl import logging
+import numpy as np
 import reverb
 import tensorflow as tf
-from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import trajectory as trajectory_lib
 import tree
 
 from harness import disk
 from harness import quiet
+from harness.errors import UsageError
 
 TABLE = 'uniform_table'
 
@@ -23,12 +24,105 @@ def replay_dir(root_dir: str) -> str:
   return os.path.join(root_dir, 'replay')
 
 
-def item_signature(collect_data_spec, sequence_length: int, num_envs: int = 1):
-  """Tensor specs of one table item: [T, ...], or [T, num_envs, ...] when grouped."""
-  spec = tensor_spec.from_spec(collect_data_spec)
-  if num_envs > 1:
-    spec = tensor_spec.add_outer_dim(spec, num_envs)
-  return tensor_spec.add_outer_dim(spec, sequence_length)
+# The scalar fields of a stored step, in this order, as float32: exact for step
+# types, discount and reward (already float32) and discrete actions below 2**24.
+META_FIELDS = ('step_type', 'action', 'reward', 'discount', 'next_step_type')
+_MAX_EXACT_FLOAT32_INT = 2**24
+# Observation dtypes that float32 holds exactly.
+_EXACT_IN_FLOAT32 = (tf.float16, tf.bfloat16, tf.float32, tf.bool, tf.uint8, tf.int8,
+                     tf.uint16, tf.int16)
+
+
+def meta_row(traj: trajectory_lib.Trajectory) -> np.ndarray:
+  """The `META_FIELDS` of a (possibly batched) trajectory: [..., 5] float32."""
+  return np.stack([np.asarray(getattr(traj, field), np.float32) for field in META_FIELDS],
+                  axis=-1)
+
+
+class StepCodec:
+  """How one env step is stored in Reverb: as few columns as possible.
+
+  Reverb's sampler and writer work per column: a Trajectory's six columns cost
+  3.4 ms to sample a batch of 128 items of 4 steps here, one float32 column
+  0.8 ms (scripts/profile_replay_columns.py), the largest part of a classic-control
+  gradient step. So a step is one float32 row, `[observation..., step_type,
+  action, reward, discount, next_step_type]`, where float32 holds the
+  observation exactly (classic control, Box2D), and otherwise two columns: the
+  observation in its own dtype, and the meta row. Rows of a batch of envs are
+  stored together: [num_envs, width].
+  """
+
+  def __init__(self, collect_data_spec: trajectory_lib.Trajectory):
+    if tree.flatten(collect_data_spec.policy_info):
+      raise ValueError('the step replay stores agents without policy_info only')
+    action = collect_data_spec.action
+    if not action.dtype.is_integer or int(np.max(action.maximum)) >= _MAX_EXACT_FLOAT32_INT:
+      raise ValueError(f'the step replay needs a small discrete action space; got {action}')
+    self._spec = collect_data_spec
+    observation = collect_data_spec.observation
+    self._observation_shape = observation.shape.as_list()
+    self._observation_size = int(np.prod(self._observation_shape, dtype=np.int64))
+    self.packed = observation.dtype in _EXACT_IN_FLOAT32
+
+  def columns(self) -> dict:
+    """Tensor specs of one stored step (without the env batch)."""
+    meta = tf.TensorSpec([len(META_FIELDS)], tf.float32)
+    if self.packed:
+      return {'step': tf.TensorSpec([self._observation_size + len(META_FIELDS)], tf.float32)}
+    return {'observation': tf.TensorSpec(self._observation_shape, self._spec.observation.dtype),
+            'meta': meta}
+
+  def encode(self, traj: trajectory_lib.Trajectory) -> dict:
+    """numpy columns of one (possibly batched) step, as `columns()` names them."""
+    meta = meta_row(traj)
+    observation = np.asarray(traj.observation)
+    if not self.packed:
+      return {'observation': observation, 'meta': meta}
+    flat = observation.reshape(meta.shape[:-1] + (self._observation_size,))
+    return {'step': np.concatenate([flat.astype(np.float32, copy=False), meta], axis=-1)}
+
+  def decode(self, data: dict) -> trajectory_lib.Trajectory:
+    """Trajectories of sampled columns ([B, T, width] each)."""
+    if self.packed:
+      step = data['step']
+      observation, meta = step[..., :self._observation_size], step[..., self._observation_size:]
+      observation = tf.reshape(observation, tf.concat(
+          [tf.shape(step)[:-1], self._observation_shape], axis=0))
+    else:
+      observation, meta = data['observation'], data['meta']
+    spec = self._spec
+    field = lambda name: tf.cast(meta[..., META_FIELDS.index(name)], getattr(spec, name).dtype)
+    return trajectory_lib.Trajectory(
+        step_type=field('step_type'),
+        observation=tf.cast(observation, spec.observation.dtype),
+        action=field('action'),
+        policy_info=(),
+        next_step_type=field('next_step_type'),
+        reward=field('reward'),
+        discount=field('discount'))
+
+
+def item_signature(codec: StepCodec, sequence_length: int, num_envs: int = 1) -> dict:
+  """Tensor specs of one table item: [T, width], or [T, num_envs, width] when grouped."""
+  outer = [sequence_length] + ([num_envs] if num_envs > 1 else [])
+  return {name: tf.TensorSpec(outer + spec.shape.as_list(), spec.dtype, name)
+          for name, spec in codec.columns().items()}
+
+
+def check_table_layout(client: reverb.Client, signature: dict, table: str = TABLE) -> None:
+  """A table restored from a checkpoint keeps its old layout: refuse a mismatch."""
+  info = client.server_info().get(table)
+  stored = info.signature if info is not None else None
+  if stored is None:
+    return
+  same = (isinstance(stored, dict) and set(stored) == set(signature) and all(
+      stored[k].shape == signature[k].shape and stored[k].dtype == signature[k].dtype
+      for k in signature))
+  if not same:
+    raise UsageError(
+        f'the replay table {table!r} holds items of another layout (from a run with other '
+        'replay or observation settings, or an older harness): resume with the settings it '
+        'was written with, or start a new --root_dir')
 
 
 def make_table(signature, max_items: int, priority_exponent: Optional[float] = None,
@@ -130,8 +224,9 @@ class StepObserver:
   item per transition).
   """
 
-  def __init__(self, client: reverb.Client, sequence_length: int):
+  def __init__(self, client: reverb.Client, codec: StepCodec, sequence_length: int):
     self._writer = client.trajectory_writer(num_keep_alive_refs=sequence_length)
+    self._codec = codec
     self._sequence_length = sequence_length
     self._steps = 0
     self._priority = 1.0
@@ -141,12 +236,13 @@ class StepObserver:
     self._priority = priority
 
   def __call__(self, traj: trajectory_lib.Trajectory) -> None:
-    self._writer.append(traj)
+    self._writer.append(self._codec.encode(traj))
     self._steps += 1
     if self._steps >= self._sequence_length:
-      item = tree.map_structure(lambda column: column[-self._sequence_length:],
-                                self._writer.history)
-      self._writer.create_item(TABLE, priority=self._priority, trajectory=item)
+      history = self._writer.history
+      self._writer.create_item(
+          TABLE, priority=self._priority,
+          trajectory={name: history[name][-self._sequence_length:] for name in history})
 
   def flush(self) -> None:
     self._writer.flush()
@@ -155,22 +251,17 @@ class StepObserver:
     self._writer.close()
 
 
-def make_observer(client: reverb.Client, sequence_length: int, num_envs: int) -> StepObserver:
-  """The observer of whole steps, for one env or a batch of `num_envs`."""
-  del num_envs  # the same writer serves both: the batch is part of each step
-  return StepObserver(client, sequence_length)
-
-
 class StepReplay:
   """Replay of whole steps: table, observer and dataset that fit together.
 
   One env: an item is `sequence_length` consecutive steps. A batch of envs: an
   item holds those steps for every env at once, and the dataset splits it into
-  rows again (`StepObserver` writes both).
+  rows again (`StepObserver` writes both). Each step is stored as `StepCodec`
+  encodes it.
   """
 
   def __init__(self, collect_data_spec, sequence_length: int, num_envs: int = 1):
-    self._spec = collect_data_spec
+    self._codec = StepCodec(collect_data_spec)
     self._sequence_length = sequence_length
     self._num_envs = num_envs
 
@@ -179,47 +270,47 @@ class StepReplay:
     """Training rows (transitions) in one table item."""
     return self._num_envs
 
+  def signature(self) -> dict:
+    return item_signature(self._codec, self._sequence_length, self._num_envs)
+
   def make_table(self, capacity: int, priority_exponent: Optional[float] = None,
                  rate_limiter: Optional[reverb.rate_limiters.RateLimiter] = None
                  ) -> reverb.Table:
     """`capacity` counts transitions."""
-    return make_table(item_signature(self._spec, self._sequence_length, self._num_envs),
-                      capacity // self._num_envs, priority_exponent, rate_limiter)
+    return make_table(self.signature(), capacity // self._num_envs, priority_exponent,
+                      rate_limiter)
 
-  def make_observer(self, client: reverb.Client, num_envs: int):
-    del num_envs  # fixed at construction
-    return make_observer(client, self._sequence_length, self._num_envs)
+  def make_observer(self, client: reverb.Client, num_envs: int) -> StepObserver:
+    """The observer of whole steps, for one env or a batch of `num_envs` (fixed
+    at construction); refuses a restored table of another layout."""
+    del num_envs
+    check_table_layout(client, self.signature())
+    return StepObserver(client, self._codec, self._sequence_length)
 
   def make_dataset(self, server_address: str, batch_size: int) -> tf.data.Dataset:
-    return make_dataset(self._spec, server_address, self._sequence_length, batch_size,
-                        self._num_envs)
+    """Batches of (Trajectory [B, sequence_length, ...], SampleInfo) with B = batch_size.
 
-
-def make_dataset(collect_data_spec, server_address: str, sequence_length: int,
-                 batch_size: int, num_envs: int = 1) -> tf.data.Dataset:
-  """Batches of (trajectory, SampleInfo) with `sequence_length` steps per item.
-
-  A plain `reverb.TrajectoryDataset` rather than tf-agents' `ReverbReplayBuffer.
-  as_dataset`: that one interleaves up to 32 single-sample pipelines and maps
-  every sample, about 4x slower on two cores (234 vs 1,000 batches of 64 per
-  second here). Batches keep a fixed shape (`drop_remainder`), so the train
-  function never retraces.
-  """
-  signature = item_signature(collect_data_spec, sequence_length, num_envs)
-  items_per_batch = batch_size // num_envs
-  dataset = reverb.TrajectoryDataset(
-      server_address,
-      TABLE,
-      dtypes=tree.map_structure(lambda spec: spec.dtype, signature),
-      shapes=tree.map_structure(lambda spec: spec.shape, signature),
-      max_in_flight_samples_per_worker=max(16, 4 * items_per_batch),
-      num_workers_per_iterator=2)
-  dataset = dataset.batch(items_per_batch, drop_remainder=True)
-  if num_envs > 1:
-    dataset = dataset.map(lambda sample: sample._replace(
-        data=tree.map_structure(_ungroup, sample.data)))
-  dataset = dataset.map(lambda sample: (sample.data, sample.info))
-  return dataset.prefetch(4)
+    A plain `reverb.TrajectoryDataset` rather than tf-agents' `ReverbReplayBuffer.
+    as_dataset`: that one interleaves up to 32 single-sample pipelines and maps
+    every sample, about 4x slower on two cores (234 vs 1,000 batches of 64 per
+    second here). Batches keep a fixed shape (`drop_remainder`), so the train
+    function never retraces.
+    """
+    signature = self.signature()
+    items_per_batch = batch_size // self._num_envs
+    dataset = reverb.TrajectoryDataset(
+        server_address,
+        TABLE,
+        dtypes=tree.map_structure(lambda spec: spec.dtype, signature),
+        shapes=tree.map_structure(lambda spec: spec.shape, signature),
+        max_in_flight_samples_per_worker=max(16, 4 * items_per_batch),
+        num_workers_per_iterator=2)
+    dataset = dataset.batch(items_per_batch, drop_remainder=True)
+    ungroup = _ungroup if self._num_envs > 1 else (lambda column: column)
+    dataset = dataset.map(lambda sample: (
+        self._codec.decode({name: ungroup(column) for name, column in sample.data.items()}),
+        sample.info))
+    return dataset.prefetch(4)
 
 
 def _ungroup(column: tf.Tensor) -> tf.Tensor:

@@ -19,15 +19,15 @@ def pieces():
                             run_state.env_steps, fc_layer_params=(16,),
                             epsilon_greedy=0.2)
   agent = built.agent
-  table = replay.StepReplay(agent.collect_data_spec, 2).make_table(1000)
-  server = replay.start_server([table], checkpoint_dir=None)
+  layout = replay.StepReplay(agent.collect_data_spec, 2)
+  server = replay.start_server([layout.make_table(1000)], checkpoint_dir=None)
   client = server.localhost_client()
-  observer = replay.make_observer(client, 2, 1)
+  observer = layout.make_observer(client, 1)
   stats = metrics.EpisodeStats(1)
   collector = collect.Collector(env, agent.collect_policy, [observer, stats], 4)
   collector.collect_random(100)
   observer.flush()
-  dataset = replay.make_dataset(agent.collect_data_spec, f'localhost:{server.port}', 2, 8)
+  dataset = layout.make_dataset(f'localhost:{server.port}', 8)
   yield built, collector, dataset, client, stats, run_state
   server.stop()
 
@@ -112,18 +112,17 @@ def test_grouped_items_rebuild_each_envs_consecutive_steps():
   run_state = checkpoints.RunState()
   agent = agents.make_agent(time_step_spec, action_spec, train_utils.create_train_step(),
                             run_state.env_steps, fc_layer_params=(8,)).agent
-  server = replay.start_server(
-      [replay.StepReplay(agent.collect_data_spec, 2, num_envs=4).make_table(400)], checkpoint_dir=None)
+  layout = replay.StepReplay(agent.collect_data_spec, 2, num_envs=4)
+  server = replay.start_server([layout.make_table(400)], checkpoint_dir=None)
   try:
     client = server.localhost_client()
-    observer = replay.make_observer(client, 2, num_envs=4)
+    observer = layout.make_observer(client, num_envs=4)
     stats = metrics.EpisodeStats(4)
     collector = collect.Collector(env, agent.collect_policy, [observer, stats], 4)
     collector.collect_random(200)
     observer.flush()
     assert replay.table_size(client) >= 49
-    dataset = replay.make_dataset(agent.collect_data_spec, f'localhost:{server.port}', 2,
-                                  batch_size=16, num_envs=4)
+    dataset = layout.make_dataset(f'localhost:{server.port}', batch_size=16)
     experience, _ = next(iter(dataset))
     assert experience.observation.shape == (16, 2, 4)
     obs = experience.observation.numpy()

@@ -22,16 +22,16 @@ def prioritized(tmp_path_factory):
                             run_state.env_steps, fc_layer_params=(16,))
   agent = built.agent
   settings = learn.PrioritizedReplay(beta_steps=1000)
-  table = replay.StepReplay(agent.collect_data_spec, 2).make_table(
-      1000, priority_exponent=settings.priority_exponent)
+  layout = replay.StepReplay(agent.collect_data_spec, 2)
+  table = layout.make_table(1000, priority_exponent=settings.priority_exponent)
   server = replay.start_server([table], checkpoint_dir=None)
   client = server.localhost_client()
-  observer = replay.make_observer(client, 2, 1)
+  observer = layout.make_observer(client, 1)
   collect.Collector(env, agent.collect_policy, [observer, metrics.EpisodeStats(1)],
                     1).collect_random(300)
   observer.flush()
   address = f'localhost:{server.port}'
-  dataset = replay.make_dataset(agent.collect_data_spec, address, 2, 32)
+  dataset = layout.make_dataset(address, 32)
   updater = learn.PriorityUpdater(settings, address, replay.TABLE, train_step,
                                   run_state.max_priority, rows_per_item=1)
   trainer = learn.Trainer(built, dataset, 5, updater)
