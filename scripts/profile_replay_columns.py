@@ -22,6 +22,8 @@ import reverb
 import tensorflow as tf
 import tree
 
+from harness import quiet
+
 STEPS, SEQUENCE = 10_000, 4
 
 
@@ -35,7 +37,7 @@ def profile(label: str, columns: dict, batch: int, batches: int = 400) -> None:
   client = server.localhost_client()
   step = {name: np.zeros(shape, dtype.as_numpy_dtype) for name, (shape, dtype) in columns.items()}
   start = time.perf_counter()
-  with client.trajectory_writer(num_keep_alive_refs=SEQUENCE) as writer:
+  with quiet.native_stderr(), client.trajectory_writer(num_keep_alive_refs=SEQUENCE) as writer:
     for i in range(STEPS):
       writer.append(step)
       if i >= SEQUENCE - 1:
