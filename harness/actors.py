@@ -135,12 +135,14 @@ def _configure(spec: JobSpec, job: str, collector_id: int = 0):
   from harness import memory  # pylint: disable=g-import-not-at-top
   from harness import parts  # pylint: disable=g-import-not-at-top
   from harness import settings  # pylint: disable=g-import-not-at-top
+  from harness import threads  # pylint: disable=g-import-not-at-top
   # harness-train's gin parsing (its flags are defined in this worker, never parsed).
   from harness.train import parse_gin  # pylint: disable=g-import-not-at-top
   harness.quiet_tensorflow_logs()
   parse_gin(spec.gin_files, spec.gin_bindings)
   cfg = experiment.settings_from_gin(root_dir=spec.root_dir, job=job, replay_address=None,
                                      collector_id=collector_id).validate()
+  threads.configure_threads()  # before TensorFlow runs an op
   parts.seed_everything(cfg.seed)
   memory.configure_allocator()
   return cfg, settings.Distributed()

@@ -111,6 +111,11 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
     """Ends the first episode after `steps` steps as a time limit would (discount 1)."""
     self._first_episode_steps_left = steps
 
+  def should_reset(self, current_time_step: ts.TimeStep) -> bool:
+    """PyEnvironment's auto-reset test without `TimeStep.is_last()`, which first
+    asks `tf.is_tensor`: about 50 us per env step on a numpy step type here."""
+    return bool(current_time_step.step_type == _LAST)
+
   def _observation(self, obs: Any) -> np.ndarray:
     return np.asarray(obs, dtype=self._observation_spec.dtype)
 

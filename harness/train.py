@@ -36,6 +36,7 @@ from harness import memory
 from harness import shutdown
 from harness import errors
 from harness import sweep_gate
+from harness import threads
 from harness.errors import UsageError
 from harness.settings import RunConfig
 import harness
@@ -185,6 +186,7 @@ def check_input(gin_files: Sequence[str], gin_bindings: Sequence[str],
     cfg = check_values(root_dir, job, replay_address, collector_id)
     check_env()
     memory.configure_allocator()  # checks its gin value too
+    threads.configure_threads()  # before TensorFlow runs an op; checks its values
   return cfg
 
 
