@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
+from typing import Callable, List, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 from tf_agents.environments import py_environment
+from tf_agents.policies import py_policy
 from tf_agents.policies import py_tf_eager_policy
 from tf_agents.policies import random_py_policy
 from tf_agents.policies import tf_policy
@@ -136,10 +137,14 @@ class Collector:
   training iterations.
   """
 
-  def __init__(self, env: py_environment.PyEnvironment, policy: tf_policy.TFPolicy,
+  def __init__(self, env: py_environment.PyEnvironment,
+               policy: Union[tf_policy.TFPolicy, py_policy.PyPolicy],
                observers: List[Observer], steps_per_run: int, seed: int = 0):
+    """`policy`: a TF policy (run as `py_policy_for` makes it, exploring with
+    `seed`), or a py policy with a `refresh()`, used as it is."""
     self.env = env
-    self.policy = py_policy_for(policy, env, seed)
+    self.policy = (policy if isinstance(policy, py_policy.PyPolicy)
+                   else py_policy_for(policy, env, seed))
     outer_dims = (env.batch_size,) if env.batched else ()
     random_policy = random_py_policy.RandomPyPolicy(
         env.time_step_spec(), env.action_spec(), outer_dims=outer_dims)

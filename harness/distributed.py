@@ -39,8 +39,8 @@ from harness import reporting
 from harness import shutdown
 from harness import triggers
 from harness.errors import UsageError
-from harness.parts import (AgentParts, build_agent, make_collect_env, make_replay_table,
-                           prioritized_settings, replay_layout)
+from harness.parts import (AgentParts, build_agent, collect_policy, make_collect_env,
+                           make_replay_table, prioritized_settings, replay_layout)
 from harness.run_dir import RunDirectory
 from harness.settings import Distributed, RunConfig
 
@@ -235,8 +235,8 @@ def run_collector(cfg: RunConfig, settings: Distributed, locator: ReplayLocator,
   conn = _CollectorConnection(layout, cfg.num_envs,
                               *wait_for_server(locator, settings.max_unreachable_seconds))
   stats = metrics.EpisodeStats(cfg.num_envs)
-  collector = collect.Collector(env, parts.agent.collect_policy, [conn, stats],
-                                settings.pull_interval_steps, seed=seed)
+  collector = collect.Collector(env, collect_policy(parts, env, seed), [conn, stats],
+                                settings.pull_interval_steps)
   variables = shared_variables(parts)
   with disk.writing(os.path.join(cfg.root_dir, 'collectors')):
     os.makedirs(os.path.join(cfg.root_dir, 'collectors'), exist_ok=True)

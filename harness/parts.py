@@ -19,7 +19,9 @@ from tf_agents.train.utils import train_utils
 
 from harness import agents
 from harness import checkpoints
+from harness import collect
 from harness import envs
+from harness import exploration
 from harness import frame_replay
 from harness import learn
 from harness import replay
@@ -68,7 +70,19 @@ def build_agent(cfg: RunConfig, env: py_environment.PyEnvironment) -> AgentParts
   # Checks the frame_replay bindings now (before ROOT is touched) and puts them
   # into the operative config, which RunDirectory reads next.
   frame_replay.frame_replay(built.agent.collect_data_spec, built.sequence_length)
+  exploration.Exploration()  # likewise
   return AgentParts(built, train_step, run_state)
+
+
+def collect_policy(parts: AgentParts, env: py_environment.PyEnvironment, seed: int):
+  """The py policy that collects on `env`: epsilon-greedy, or ez-greedy
+  (`Exploration.temporally_extended`) around the greedy policy; both explore
+  with the epsilon schedule and draw with `seed`."""
+  settings = exploration.Exploration()
+  if not settings.temporally_extended:
+    return collect.py_policy_for(parts.agent.collect_policy, env, seed)
+  return exploration.TemporallyExtendedPolicy(collect.py_policy_for(parts.agent.policy, env),
+                                              parts.built.epsilon, env, settings, seed)
 
 
 def replay_layout(cfg: RunConfig, parts: AgentParts) -> ReplayLayout:

@@ -41,9 +41,8 @@ def run_single_process(cfg: RunConfig) -> None:
   address = f'localhost:{server.port}'
   client = server.localhost_client()
   replay_observer = layout.make_observer(client, cfg.num_envs)
-  collector = collect.Collector(collect_env, parts.agent.collect_policy,
-                                [replay_observer, stats], cfg.collect_steps_per_iteration,
-                                seed=cfg.seed)
+  collector = collect.Collector(collect_env, parts_lib.collect_policy(parts, collect_env, cfg.seed),
+                                [replay_observer, stats], cfg.collect_steps_per_iteration)
   per = parts_lib.prioritized_settings(cfg)
   priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, train_step,
                                              run_state.max_priority, layout.rows_per_item)
