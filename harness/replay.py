@@ -48,8 +48,8 @@ class StepCodec:
   gradient step. So a step is one float32 row, `[observation..., step_type,
   action, reward, discount, next_step_type]`, where float32 holds the
   observation exactly (classic control, Box2D), and otherwise two columns: the
-  observation in its own dtype, and the meta row. Rows of a batch of envs are
-  stored together: [num_envs, width].
+  observation in its own dtype, and the meta row. `encode` takes a batch of
+  envs too ([num_envs, width] per column).
   """
 
   def __init__(self, collect_data_spec: trajectory_lib.Trajectory):
@@ -102,10 +102,9 @@ class StepCodec:
         discount=field('discount'))
 
 
-def item_signature(codec: StepCodec, sequence_length: int, num_envs: int = 1) -> dict:
-  """Tensor specs of one table item: [T, width], or [T, num_envs, width] when grouped."""
-  outer = [sequence_length] + ([num_envs] if num_envs > 1 else [])
-  return {name: tf.TensorSpec(outer + spec.shape.as_list(), spec.dtype, name)
+def item_signature(codec: StepCodec, sequence_length: int) -> dict:
+  """Tensor specs of one table item: `sequence_length` steps of one env, [T, width]."""
+  return {name: tf.TensorSpec([sequence_length] + spec.shape.as_list(), spec.dtype, name)
           for name, spec in codec.columns().items()}
 
 
@@ -203,12 +202,12 @@ def _is_damaged_data(error: Exception) -> bool:
 
 
 def table_size(client: reverb.Client) -> int:
-  """Items in the table (an item holds `num_envs` transitions when grouped)."""
+  """Items in the table (one transition each)."""
   return int(client.server_info()[TABLE].current_size)
 
 
 class StepObserver:
-  """Writes each (possibly batched) env step once; an item is the last
+  """Writes each (possibly batched) env step once; an item is one env's last
   `sequence_length` steps, created at every step.
 
   Items run across episode ends on purpose: every step starts one, so the last
@@ -218,16 +217,22 @@ class StepObserver:
   (`harness.nstep`), and an item that starts on the LAST -> FIRST boundary is
   masked by the loss.
 
-  A batch of envs is written as one Reverb step: an item holds those steps for
-  every env at once, so a batch of 64 from 8 envs costs 8 sampled items (per-item
-  sampling overhead capped training near 1,000 batches/s on two cores with one
-  item per transition).
+  A batch of envs is appended as one Reverb step with a column per env, and
+  each env's steps become items of their own, so a training batch samples its
+  rows independently. (Until this round an item held the batch's steps for all
+  envs at once, a quarter of the sampled items for 4 envs; but envs in
+  lockstep, as CartPole's are once every episode runs to the 500-step limit,
+  are near-copies of each other, and a batch of 64 then held about 16 distinct
+  transitions: docs/benchmarks.md.)
   """
 
-  def __init__(self, client: reverb.Client, codec: StepCodec, sequence_length: int):
+  def __init__(self, client: reverb.Client, codec: StepCodec, sequence_length: int,
+               num_envs: int = 1):
+    """`num_envs` > 1: the trajectories come from a batched env of that many."""
     self._writer = client.trajectory_writer(num_keep_alive_refs=sequence_length)
     self._codec = codec
     self._sequence_length = sequence_length
+    self._num_envs = num_envs
     self._steps = 0
     self._priority = 1.0
 
@@ -236,13 +241,19 @@ class StepObserver:
     self._priority = priority
 
   def __call__(self, traj: trajectory_lib.Trajectory) -> None:
-    self._writer.append(self._codec.encode(traj))
+    columns = self._codec.encode(traj)
+    if self._num_envs > 1:
+      self._writer.append([{name: column[i] for name, column in columns.items()}
+                           for i in range(self._num_envs)])
+    else:
+      self._writer.append([columns])
     self._steps += 1
     if self._steps >= self._sequence_length:
-      history = self._writer.history
-      self._writer.create_item(
-          TABLE, priority=self._priority,
-          trajectory={name: history[name][-self._sequence_length:] for name in history})
+      for env_history in self._writer.history:
+        self._writer.create_item(
+            TABLE, priority=self._priority,
+            trajectory={name: env_history[name][-self._sequence_length:]
+                        for name in env_history})
 
   def flush(self) -> None:
     self._writer.flush()
@@ -254,10 +265,9 @@ class StepObserver:
 class StepReplay:
   """Replay of whole steps: table, observer and dataset that fit together.
 
-  One env: an item is `sequence_length` consecutive steps. A batch of envs: an
-  item holds those steps for every env at once, and the dataset splits it into
-  rows again (`StepObserver` writes both). Each step is stored as `StepCodec`
-  encodes it.
+  An item is `sequence_length` consecutive steps of one env, whether the env
+  is batched or not (`StepObserver` writes both). Each step is stored as
+  `StepCodec` encodes it.
   """
 
   def __init__(self, collect_data_spec, sequence_length: int, num_envs: int = 1):
@@ -268,24 +278,23 @@ class StepReplay:
   @property
   def rows_per_item(self) -> int:
     """Training rows (transitions) in one table item."""
-    return self._num_envs
+    return 1
 
   def signature(self) -> dict:
-    return item_signature(self._codec, self._sequence_length, self._num_envs)
+    return item_signature(self._codec, self._sequence_length)
 
   def make_table(self, capacity: int, priority_exponent: Optional[float] = None,
                  rate_limiter: Optional[reverb.rate_limiters.RateLimiter] = None
                  ) -> reverb.Table:
     """`capacity` counts transitions."""
-    return make_table(self.signature(), capacity // self._num_envs, priority_exponent,
-                      rate_limiter)
+    return make_table(self.signature(), capacity, priority_exponent, rate_limiter)
 
   def make_observer(self, client: reverb.Client, num_envs: int) -> StepObserver:
     """The observer of whole steps, for one env or a batch of `num_envs` (fixed
     at construction); refuses a restored table of another layout."""
     del num_envs
     check_table_layout(client, self.signature())
-    return StepObserver(client, self._codec, self._sequence_length)
+    return StepObserver(client, self._codec, self._sequence_length, self._num_envs)
 
   def make_dataset(self, server_address: str, batch_size: int) -> tf.data.Dataset:
     """Batches of (Trajectory [B, sequence_length, ...], SampleInfo) with B = batch_size.
@@ -297,24 +306,13 @@ class StepReplay:
     function never retraces.
     """
     signature = self.signature()
-    items_per_batch = batch_size // self._num_envs
     dataset = reverb.TrajectoryDataset(
         server_address,
         TABLE,
         dtypes=tree.map_structure(lambda spec: spec.dtype, signature),
         shapes=tree.map_structure(lambda spec: spec.shape, signature),
-        max_in_flight_samples_per_worker=max(16, 4 * items_per_batch),
+        max_in_flight_samples_per_worker=max(16, 4 * batch_size),
         num_workers_per_iterator=2)
-    dataset = dataset.batch(items_per_batch, drop_remainder=True)
-    ungroup = _ungroup if self._num_envs > 1 else (lambda column: column)
-    dataset = dataset.map(lambda sample: (
-        self._codec.decode({name: ungroup(column) for name, column in sample.data.items()}),
-        sample.info))
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = dataset.map(lambda sample: (self._codec.decode(sample.data), sample.info))
     return dataset.prefetch(4)
-
-
-def _ungroup(column: tf.Tensor) -> tf.Tensor:
-  """[items, T, envs, ...] -> [items * envs, T, ...]: one row per env sequence."""
-  perm = [0, 2, 1] + list(range(3, column.shape.rank))
-  column = tf.transpose(column, perm)
-  return tf.reshape(column, [-1, column.shape[2]] + column.shape[3:].as_list())

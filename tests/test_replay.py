@@ -102,3 +102,32 @@ def test_a_restored_table_of_another_layout_is_refused():
       replay.StepReplay(agent.collect_data_spec, 2).make_observer(server.localhost_client(), 1)
   finally:
     server.stop()
+
+
+def test_a_batch_of_envs_rows_are_sampled_one_by_one():
+  """Rows of a training batch are separate draws, not the same step of every env:
+  envs in lockstep (CartPole's once each episode runs to the time limit) would
+  otherwise fill a batch with near-copies."""
+  num_envs = 4
+  env = envs.batched_py_environment.BatchedPyEnvironment(
+      [envs.make_env('CartPole-v1', seed=i) for i in range(num_envs)], multithreading=False)
+  agent = _agent(env)
+  layout = replay.StepReplay(agent.collect_data_spec, 2, num_envs)
+  server = replay.start_server([layout.make_table(3000)], checkpoint_dir=None)
+  try:
+    observer = layout.make_observer(server.localhost_client(), num_envs)
+    log = _Log()
+    collect.Collector(env, agent.collect_policy, [observer, log], 4).collect_random(400)
+    observer.flush()
+    when = {}  # first observation's bytes -> the batched step it was collected at
+    for k, step in enumerate(log.steps):
+      for e in range(num_envs):
+        when[np.asarray(step.observation)[e].tobytes()] = k
+    experience, _ = next(iter(layout.make_dataset(f'localhost:{server.port}', batch_size=32)))
+    steps = [when[experience.observation[row, 0].numpy().tobytes()] for row in range(32)]
+    # 32 uniform draws from ~400 items: rows 4i..4i+3 all of one step by chance
+    # for every i has a probability far below 1e-20; grouped items always did.
+    assert any(len(set(steps[i:i + num_envs])) > 1 for i in range(0, 32, num_envs))
+    assert len(set(steps)) > 16
+  finally:
+    server.stop()
