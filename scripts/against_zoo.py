@@ -8,7 +8,11 @@ per run pair and writes them to OUT/against_zoo.csv.
 
     python scripts/against_zoo.py --sb3_python=/tmp/sb3/bin/python \
         [--tasks=CartPole-v1,Acrobot-v1,MountainCar-v0,LunarLander-v3] [--seeds=0] \
-        [--out=runs/against_zoo] [--gin_bindings=B ...]
+        [--out=runs/against_zoo] [--gin_bindings=B ...] [--zoo_from=OLD/against_zoo.csv]
+
+`--zoo_from` takes the Zoo's rows from an earlier run's CSV instead of running SB3 again (the
+Zoo's code did not change; only the harness's did): half the time, but the two sides were then
+measured at different times, which the printed rows do not hide (see docs/benchmarks.md).
 
 SB3 and PyTorch live in a virtual environment of their own (see scripts/zoo_reference.py).
 Run it on an otherwise idle machine: two programs side by side slow each other many-fold.
@@ -58,22 +62,35 @@ def harness(task: str, seed: int, out: str, bindings) -> dict:
           'final_return': result['final_return']}
 
 
+def _zoo_rows(path: str) -> dict:
+  """(task, seed) -> the Zoo's figures of an earlier run's CSV."""
+  with open(path, newline='') as f:
+    return {(row['task'], int(row['seed'])): {
+        'wall': float(row['zoo_wall']), 'process': float(row['zoo_process']),
+        'final_return': float(row['zoo_final_return'])} for row in csv.DictReader(f)}
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--sb3_python', required=True, help='python of the SB3 environment')
+  parser.add_argument('--sb3_python', default=None, help='python of the SB3 environment')
   parser.add_argument('--tasks', default='CartPole-v1,Acrobot-v1,MountainCar-v0,LunarLander-v3')
   parser.add_argument('--seeds', default='0')
   parser.add_argument('--out', default='runs/against_zoo')
   parser.add_argument('--gin_bindings', action='append', default=[])
+  parser.add_argument('--zoo_from', default=None,
+                      help="an earlier run's against_zoo.csv: its Zoo rows, SB3 not run again")
   args = parser.parse_args()
+  if not (args.sb3_python or args.zoo_from):
+    parser.error('give --sb3_python (run the Zoo) or --zoo_from (reuse its earlier rows)')
   out = os.path.abspath(args.out)
   os.makedirs(out, exist_ok=True)
   print('| task | seed | Zoo wall s (process) | Zoo final_return | harness wall s (process) '
         '| harness final_return | harness / Zoo |\n|---|---|---|---|---|---|---|', flush=True)
   rows = []
+  earlier = _zoo_rows(args.zoo_from) if args.zoo_from else None
   for task in args.tasks.split(','):
     for seed in (int(s) for s in args.seeds.split(',')):
-      theirs = zoo(args.sb3_python, task, seed, out)
+      theirs = earlier[(task, seed)] if earlier else zoo(args.sb3_python, task, seed, out)
       ours = harness(task, seed, out, args.gin_bindings)
       ratio = ours['wall'] / theirs['wall']
       rows.append({'task': task, 'seed': seed, 'zoo_wall': theirs['wall'],
