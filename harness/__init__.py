@@ -30,7 +30,7 @@ except ImportError:
 
 def quiet_tensorflow_logs() -> None:
   """Keeps TensorFlow's and the other libraries' lines out of our log unless
-  --verbosity asks for them (see `harness.quiet`); where the log goes is the
+  --verbosity asks for them (see `harness.base.quiet`); where the log goes is the
   entry point's choice (`errors.log_to_stdout`) or a Ray job's (its own file)."""
-  from harness import quiet  # pylint: disable=g-import-not-at-top
+  from harness.base import quiet  # pylint: disable=g-import-not-at-top
   quiet.setup_log(to_stdout=False)

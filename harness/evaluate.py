@@ -26,11 +26,11 @@ import gin  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import harness  # pylint: disable=g-import-not-at-top,wrong-import-position
-from harness import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
-from harness import envs  # pylint: disable=g-import-not-at-top,wrong-import-position
-from harness import errors  # pylint: disable=g-import-not-at-top,wrong-import-position
-from harness import video  # pylint: disable=g-import-not-at-top,wrong-import-position
-from harness.errors import UsageError  # pylint: disable=g-import-not-at-top,wrong-import-position
+from harness.base import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+from harness.base import errors  # pylint: disable=g-import-not-at-top,wrong-import-position
+from harness.base.errors import UsageError  # pylint: disable=g-import-not-at-top,wrong-import-position
+from harness.rl import envs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from harness.run import video  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _POLICY_DIR = flags.DEFINE_string(
     'policy_dir', None, 'A PolicySaver SavedModel, e.g. ROOT/policies/greedy_policy.')

@@ -4,8 +4,8 @@
                  [--eval_job] [--ray_address=auto|host:port]
 
 The replay server, N collectors, the learner and (with --eval_job) an eval
-job run as Ray actors, each in a worker process of its own (harness/actors.py;
-harness/ray_launch.py takes them from start to a clean stop).
+job run as Ray actors, each in a worker process of its own (harness/distributed/actors.py;
+harness/distributed/ray_launch.py takes them from start to a clean stop).
 Without --ray_address Ray runs embedded on this machine, bound to localhost,
 and stops with the launch; with it the actors spread over that cluster, which
 keeps running afterwards (the launch only disconnects).
@@ -36,18 +36,17 @@ import sys
 import uuid
 from typing import List, Optional, Sequence
 
-from absl import app
 from absl import flags
 from absl import logging
 import gin
 
-from harness import actors
-from harness import cli
-from harness import errors
-from harness import ray_launch
-from harness import ray_runtime
-from harness import settings as settings_lib
-from harness.errors import UsageError
+from harness.base import cli
+from harness.base import errors
+from harness.base import ray_runtime
+from harness.base.errors import UsageError
+from harness.distributed import actors
+from harness.distributed import ray_launch
+from harness.run import settings as settings_lib
 
 _ROOT_DIR = flags.DEFINE_string('root_dir', None, 'Run directory; an existing run there is resumed.')
 _GIN_FILE = flags.DEFINE_multi_string('gin_file', [], 'Gin files, applied in order.')
@@ -95,7 +94,7 @@ def read_distributed(gin_files: Sequence[str], gin_bindings: Sequence[str]):
   """The launch's `Distributed` settings, validated.
 
   gin parses the (already checked) files here too, skipping every configurable
-  but `Distributed`, which harness/settings.py registers without TensorFlow.
+  but `Distributed`, which harness/run/settings.py registers without TensorFlow.
   """
   gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), skip_unknown=True)
   return settings_lib.Distributed().validate()
@@ -167,19 +166,6 @@ def _verbose() -> bool:
   return logging.get_verbosity() >= logging.DEBUG
 
 
-def _main_with_clean_errors(argv: List[str]) -> None:
-  errors.log_to_stdout()
-  try:
-    code = main(argv)
-  except UsageError as e:
-    errors.report(_PROGRAM, e, _verbose())
-    sys.exit(UsageError.exit_code)
-  except ray_launch.LaunchError as e:
-    errors.report(_PROGRAM, e, _verbose())
-    sys.exit(1)
-  sys.exit(code)
-
-
 COMMAND = cli.Command(
     program=_PROGRAM,
     summary='a distributed run on Ray: replay server, collectors, learner (and an eval job) '
@@ -190,9 +176,10 @@ COMMAND = cli.Command(
             '--num_collectors=2 --eval_job',
     module=__name__)
 
+
 def run() -> None:
   """Console-script entry point."""
-  app.run(_main_with_clean_errors, flags_parser=cli.flags_parser(COMMAND))
+  cli.run_app(_PROGRAM, main, COMMAND, reported=(ray_launch.LaunchError,))
 
 
 if __name__ == '__main__':

@@ -24,10 +24,10 @@ import matplotlib
 matplotlib.use('Agg')  # Files only: no display on servers and in tests.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from harness import aggregate  # pylint: disable=wrong-import-position
-from harness import cli  # pylint: disable=wrong-import-position
-from harness import sweep_spec  # pylint: disable=wrong-import-position
-from harness.errors import UsageError  # pylint: disable=wrong-import-position
+from harness.base import cli  # pylint: disable=wrong-import-position
+from harness.base.errors import UsageError  # pylint: disable=wrong-import-position
+from harness.sweeps import aggregate  # pylint: disable=wrong-import-position
+from harness.sweeps import spec as sweep_spec  # pylint: disable=wrong-import-position
 
 _OUT = flags.DEFINE_string('out', 'runs.png', 'PNG file to write.')
 _TITLE = flags.DEFINE_string('title', None, 'Figure title (default: none).')

@@ -44,15 +44,15 @@ from typing import Callable, List, Optional
 from absl import flags
 from absl import logging
 
-from harness import aggregate
-from harness import cli
-from harness import ray_runtime
-from harness import sweep_gate
-from harness import sweep_spec
-from harness import sweep_tune
-from harness.sweep_table import TrialTable
-from harness.errors import UsageError
-from harness.sweep_spec import Spec
+from harness.base import cli
+from harness.base import ray_runtime
+from harness.base.errors import UsageError
+from harness.sweeps import aggregate
+from harness.sweeps import gate as sweep_gate
+from harness.sweeps import spec as sweep_spec
+from harness.sweeps import tune as sweep_tune
+from harness.sweeps.spec import Spec
+from harness.sweeps.table import TrialTable
 
 _ROOT_DIR = flags.DEFINE_string('root_dir', None, 'Sweep directory; an existing sweep there '
                                 'is resumed.')
@@ -195,7 +195,7 @@ def _ray_log_file(root: str) -> std_logging.Handler:
 
 
 def _import_tune() -> None:
-  for module in ('ray.tune', 'harness.sweep_trial'):
+  for module in ('ray.tune', 'harness.sweeps.trial'):
     importlib.import_module(module)
 
 
@@ -316,7 +316,7 @@ def main(argv: List[str]) -> None:
     raise UsageError(f'unexpected arguments {argv[1:]}: use --flag=value forms')
   root = check_root(_ROOT_DIR.value)
   if _TRACK.value:
-    from harness import tracking  # pylint: disable=g-import-not-at-top  (an optional extra)
+    from harness.base import tracking  # pylint: disable=g-import-not-at-top  (an optional extra)
     tracking.check_ready()
   spec = read_spec_from_flags()
   resuming = check_same_spec(root, spec)

@@ -1,7 +1,7 @@
 """`harness-train`: the one entry point (`python -m harness.train` is the same).
 
 Parses flags and gin, checks the input, then hands over to
-`experiment.train_eval`. Bad input ends with one line on stderr and exit
+the job `--job` names (`run_job`). Bad input ends with one line on stderr and exit
 status 2 before anything in `--root_dir` is created or touched; `--verbosity=1`
 adds the traceback and whatever libraries printed meanwhile.
 
@@ -15,31 +15,33 @@ checkpoint stays) or a crash; 2 bad input, or ROOT held by another launch;
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-import sys
 import time
-import tokenize
 from typing import Any, Callable, List, Optional, Sequence
 
-from absl import app
 from absl import flags
 from absl import logging
 import gin
 
-from harness import agents
-from harness import cli
-from harness import disk
-from harness import envs
-from harness import experiment
-from harness import memory
-from harness import shutdown
-from harness import errors
-from harness import sweep_gate
-from harness import threads
-from harness.errors import UsageError
-from harness.settings import RunConfig
 import harness
+from harness.base import cli
+from harness.base import disk
+from harness.base import errors
+from harness.base import memory
+from harness.base import shutdown
+from harness.base import threads
+from harness.base.errors import UsageError
+from harness.distributed import jobs
+from harness.rl import agents
+from harness.rl import envs
+from harness.run import experiment
+from harness.run import parts
+from harness.run import single_process
+from harness.run.settings import RunConfig
+from harness.rundir import lock as run_lock
+from harness.sweeps import gate as sweep_gate
 
 _ROOT_DIR = flags.DEFINE_string('root_dir', None, 'Run directory; an existing run there is resumed.')
 _GIN_FILE = flags.DEFINE_multi_string('gin_file', [], 'Gin files, applied in order.')
@@ -66,7 +68,7 @@ _CHECK_NAMES = flags.DEFINE_multi_string(
 
 _SWEEP_GATE = flags.DEFINE_string(
     'sweep_gate', None, 'Set by harness-sweep on one machine: its gate directory '
-    '(harness/sweep_gate.py). The run waits there, touching nothing, until the sweep has '
+    '(harness/sweeps/gate.py). The run waits there, touching nothing, until the sweep has '
     'checked its input and prepared its directory.')
 _SWEEP_CHECK = flags.DEFINE_bool(
     'sweep_check', False, "With --sweep_gate: first check the sweep's common gin files, "
@@ -75,23 +77,8 @@ _SWEEP_CHECK = flags.DEFINE_bool(
 _PROGRAM = 'harness-train'
 # Jobs that connect to a replay server started elsewhere (`--job=replay`).
 _JOBS_NEEDING_REPLAY = ('replay', 'collect', 'learn', 'eval')
-
-
-def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
-  """Parses gin files then bindings; errors become one-line `UsageError`s."""
-  for path in gin_files:
-    if not os.path.isfile(path):
-      raise UsageError(f'gin file {path!r} does not exist: check the --gin_file path '
-                       '(relative paths start at the current directory)')
-    # A gin file may `import my_envs` from its own folder.
-    folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:
-      sys.path.insert(0, folder)
-  try:
-    gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
-                                        finalize_config=True)
-  except (ValueError, SyntaxError, ImportError, KeyError, OSError, tokenize.TokenError) as e:
-    raise errors.gin_usage_error(e, gin_bindings, gin_files) from e
+# The jobs that write the run's checkpoints and logs, and so hold ROOT/.lock.
+_WRITER_JOBS = ('all', 'learn')
 
 
 def check_root_dir(root_dir: Optional[str]) -> None:
@@ -117,6 +104,9 @@ def check_job(job: str, replay_address: Optional[str]) -> None:
   if job == 'replay' and not replay_address:
     raise UsageError('--job=replay needs --replay_address=host:port: the port it serves on, '
                      'e.g. --replay_address=localhost:8000')
+  if job == 'all' and replay_address:
+    raise UsageError('--job=all runs its own replay server: drop --replay_address, or run '
+                     'the replay, collect and learn jobs separately')
   if job in _JOBS_NEEDING_REPLAY and not replay_address:
     raise UsageError(f'--job={job} needs --replay_address=host:port of a running replay '
                      'server: start one with --job=replay (or use --job=all)')
@@ -160,9 +150,19 @@ def check_env() -> None:
   env.close()
 
 
-def _call_experiment() -> None:
-  experiment.train_eval(root_dir=_ROOT_DIR.value, replay_address=_REPLAY_ADDRESS.value,
-                        job=_JOB.value, collector_id=_COLLECTOR_ID.value, track=_TRACK.value)
+def run_job() -> None:
+  """Runs the job `--job` names with `train_eval`'s settings: the single-process
+  job, or one job of a distributed run. The jobs that train hold ROOT/.lock."""
+  cfg = experiment.train_eval(root_dir=_ROOT_DIR.value, replay_address=_REPLAY_ADDRESS.value,
+                              job=_JOB.value, collector_id=_COLLECTOR_ID.value,
+                              track=_TRACK.value)
+  parts.seed_everything(cfg.seed)
+  writes_root = cfg.job in _WRITER_JOBS
+  with run_lock.hold(cfg.root_dir, cfg.job) if writes_root else contextlib.nullcontext():
+    if cfg.job == 'all':
+      single_process.run_single_process(cfg)
+    else:
+      jobs.run_job(cfg)
 
 
 def check_names(names: Sequence[str]) -> None:
@@ -181,7 +181,7 @@ def check_input(gin_files: Sequence[str], gin_bindings: Sequence[str],
   of a missing file, the ALE banner) is held back: a failed start shows only our
   error line."""
   with errors.held_output(replay_on_error=_verbose()):
-    parse_gin(gin_files, gin_bindings)
+    experiment.parse_gin(gin_files, gin_bindings)
     check_names(names)
     cfg = check_values(root_dir, job, replay_address, collector_id)
     check_env()
@@ -229,7 +229,7 @@ def main(argv: List[str]) -> None:
     check_root_dir(_ROOT_DIR.value)
   check_job(_JOB.value, _REPLAY_ADDRESS.value)
   if _TRACK.value:
-    from harness import tracking  # pylint: disable=g-import-not-at-top
+    from harness.base import tracking  # pylint: disable=g-import-not-at-top
     tracking.check_ready()
   harness.quiet_tensorflow_logs()
   if _SWEEP_GATE.value:
@@ -243,25 +243,11 @@ def main(argv: List[str]) -> None:
   shutdown.exit_if_requested('during start-up')
   if _CHECK_ONLY.value:
     return
-  _call_experiment()
+  run_job()
 
 
 def _verbose() -> bool:
   return logging.get_verbosity() >= logging.DEBUG
-
-
-def _main_with_clean_errors(argv: List[str]) -> None:
-  errors.log_to_stdout()
-  try:
-    main(argv)
-  except UsageError as e:
-    errors.report(_PROGRAM, e, _verbose())
-    sys.exit(UsageError.exit_code)
-  except shutdown.Stopped as e:
-    sys.exit(e.exit_code)
-  except disk.WriteError as e:
-    errors.report(_PROGRAM, e, _verbose())
-    sys.exit(e.exit_code)
 
 
 COMMAND = cli.Command(
@@ -277,7 +263,7 @@ COMMAND = cli.Command(
 def run() -> None:
   """Console-script entry point."""
   try:
-    app.run(_main_with_clean_errors, flags_parser=cli.flags_parser(COMMAND))
+    cli.run_app(_PROGRAM, main, COMMAND, reported=(disk.WriteError,), silent=(shutdown.Stopped,))
   except SystemExit as e:
     cli.exit_without_teardown(e.code)
 

@@ -25,13 +25,13 @@ from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 
 import harness
-from harness import agents
-from harness import collect
-from harness import envs
-from harness import experiment  # pylint: disable=unused-import  (gin: train_eval)
-from harness import frame_replay
-from harness import memory
-from harness import replay
+from harness.base import memory
+from harness.rl import agents
+from harness.rl import collect
+from harness.rl import envs
+from harness.rl import frame_replay
+from harness.rl import replay
+from harness.run import experiment  # pylint: disable=unused-import  (gin: train_eval)
 
 _ITEMS = flags.DEFINE_integer('items', 100_000, 'Transitions to store per layout.')
 _WARMUP = flags.DEFINE_integer('warmup', 2_000, 'Transitions stored before measuring.')

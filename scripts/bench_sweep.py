@@ -35,7 +35,7 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from harness import aggregate  # pylint: disable=wrong-import-position
+from harness.sweeps import aggregate  # pylint: disable=wrong-import-position
 
 TAG = 'HARNESS_SWEEP_BENCH'
 

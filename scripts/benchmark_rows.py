@@ -19,7 +19,7 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import aggregate  # pylint: disable=g-import-not-at-top,wrong-import-position
+from harness.sweeps import aggregate  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _THRESHOLD = flags.DEFINE_float('threshold', None, 'Count the seeds at or above this final return.')
 

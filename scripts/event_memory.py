@@ -32,16 +32,16 @@ sys.path.insert(0, REPO)
 import gin  # pylint: disable=wrong-import-position
 
 import harness  # pylint: disable=wrong-import-position,unused-import  (quiet TF start-up)
-from harness import checkpoints  # pylint: disable=wrong-import-position
-from harness import collect  # pylint: disable=wrong-import-position
-from harness import experiment  # pylint: disable=wrong-import-position
-from harness import learn  # pylint: disable=wrong-import-position
-from harness import memory  # pylint: disable=wrong-import-position
-from harness import metrics  # pylint: disable=wrong-import-position
-from harness import parts as parts_lib  # pylint: disable=wrong-import-position
-from harness import replay  # pylint: disable=wrong-import-position
-from harness import reporting  # pylint: disable=wrong-import-position
-from harness.run_dir import RunDirectory  # pylint: disable=wrong-import-position
+from harness.base import memory  # pylint: disable=wrong-import-position
+from harness.rl import collect  # pylint: disable=wrong-import-position
+from harness.rl import learn  # pylint: disable=wrong-import-position
+from harness.rl import replay  # pylint: disable=wrong-import-position
+from harness.run import experiment  # pylint: disable=wrong-import-position
+from harness.run import parts as parts_lib  # pylint: disable=wrong-import-position
+from harness.run import reporting  # pylint: disable=wrong-import-position
+from harness.rundir import checkpoints  # pylint: disable=wrong-import-position
+from harness.rundir import metrics  # pylint: disable=wrong-import-position
+from harness.rundir.directory import RunDirectory  # pylint: disable=wrong-import-position
 
 WORK_STEPS = 2000  # env steps of collect + train between two readings
 

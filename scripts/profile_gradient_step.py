@@ -11,7 +11,12 @@ import sys, time
 import tensorflow as tf
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
-from harness import agents, checkpoints, collect, envs, learn, replay
+from harness.rl import agents
+from harness.rl import collect
+from harness.rl import envs
+from harness.rl import learn
+from harness.rl import replay
+from harness.rundir import checkpoints
 
 NUM_ENVS, BATCH, STEPS = 4, 64, 128
 

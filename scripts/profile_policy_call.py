@@ -9,7 +9,10 @@ alone, and of one step of the 4 batched envs. See docs/benchmarks.md (wall time 
 import time, numpy as np, tensorflow as tf
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
-from harness import agents, checkpoints, collect, envs
+from harness.rl import agents
+from harness.rl import collect
+from harness.rl import envs
+from harness.rundir import checkpoints
 env = envs.make_batched_env(4, seed=0)
 rs = checkpoints.RunState()
 built = agents.make_agent(tensor_spec.from_spec(env.time_step_spec()), tensor_spec.from_spec(env.action_spec()),

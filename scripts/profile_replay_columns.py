@@ -22,7 +22,7 @@ import reverb
 import tensorflow as tf
 import tree
 
-from harness import quiet
+from harness.base import quiet
 
 STEPS, SEQUENCE = 10_000, 4
 

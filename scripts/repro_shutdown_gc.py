@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 
-from harness import ray_runtime
+from harness.base import ray_runtime
 
 _STOP = flags.DEFINE_enum('stop', 'harness', ['ray', 'harness'],
                           'ray: plain ray.shutdown(); harness: ray_runtime.stop.')

@@ -9,7 +9,9 @@ import tensorflow as tf
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 
-from harness import agents, checkpoints, envs
+from harness.rl import agents
+from harness.rl import envs
+from harness.rundir import checkpoints
 from tests.cli import TINY_BINDINGS, harness_train, tail
 
 
@@ -63,6 +65,7 @@ def test_resume_reports_only_the_learning_rate_bindings_that_changed():
       ('make_agent.learning_rate_decay_steps', 0, 500)]
 
 
+@pytest.mark.slow
 def test_dueling_n_step_and_schedule_through_the_cli(tmp_path):
   """A real run with all three on, batched envs: it trains, exports, and the
   learning rate in metrics.csv falls linearly to its final value."""

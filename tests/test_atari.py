@@ -20,11 +20,11 @@ from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory as trajectory_lib
 
-from harness import atari
-from harness import envs
-from harness import frame_replay
-from harness import replay
-from harness.errors import UsageError
+from harness.base.errors import UsageError
+from harness.rl import atari
+from harness.rl import envs
+from harness.rl import frame_replay
+from harness.rl import replay
 from tests import cli
 
 ATARI_GIN = os.path.join(cli.REPO, 'gin', 'ddqn_atari.gin')
@@ -237,6 +237,7 @@ def _rows(path):
     return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_short_breakout_run_through_the_cli(tmp_path):
   root = str(tmp_path / 'breakout')
   bindings = [

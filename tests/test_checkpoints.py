@@ -9,7 +9,10 @@ from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 from tf_agents.trajectories import time_step as ts
 
-from harness import agents, checkpoints, envs, metrics
+from harness.rl import agents
+from harness.rl import envs
+from harness.rundir import checkpoints
+from harness.rundir import metrics
 
 
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path):
@@ -82,7 +85,7 @@ def test_later_exports_write_new_weights_under_the_first_graph(tmp_path, prepare
 def test_unreadable_replay_checkpoint_is_moved_aside_and_the_table_starts_empty(tmp_path):
   """Reverb marks a checkpoint complete (an empty DONE file) even when a full disk
   cut its data short; a resume must start, keeping the damaged files aside."""
-  from harness import replay
+  from harness.rl import replay
   signature = tf.TensorSpec([2], tf.float32)
   replay_dir = str(tmp_path / 'replay')
   server = replay.start_server([replay.make_table(signature, 10)], replay_dir)

@@ -59,7 +59,7 @@ def test_metrics_csv_columns_and_live_values(tiny_run):
     assert int(row['replay_size']) > 0
     assert float(row['rss_mb']) > 0
   # Compiled once: trace counts never move from the first row to the last. The MLP's
-  # collect policy runs in numpy (harness.host_policy), so it has no trace at all.
+  # collect policy runs in numpy (harness.rl.host_policy), so it has no trace at all.
   assert {r['train_traces'] for r in rows} == {'1'}
   assert {r['policy_traces'] for r in rows} == {'0'}
   assert int(rows[-1]['train_step']) == 500  # one gradient step per env step after collect
@@ -72,6 +72,7 @@ def test_eval_csv_rows(tiny_run):
   assert all(int(r['episodes']) == 2 for r in rows)
 
 
+@pytest.mark.slow
 def test_target_is_absolute_a_second_launch_does_nothing_new(tiny_run):
   before = _rows(os.path.join(tiny_run, 'metrics.csv'))
   result = harness_train(tiny_run, TINY_BINDINGS + ['make_agent.epsilon_greedy=0.2',
@@ -81,6 +82,7 @@ def test_target_is_absolute_a_second_launch_does_nothing_new(tiny_run):
   assert _rows(os.path.join(tiny_run, 'metrics.csv')) == before
 
 
+@pytest.mark.slow
 def test_env_registered_by_a_module_that_the_gin_file_imports(tmp_path):
   (tmp_path / 'my_envs.py').write_text(textwrap.dedent('''
       import gymnasium as gym
@@ -123,6 +125,7 @@ def test_env_registered_by_a_module_that_the_gin_file_imports(tmp_path):
   assert int(_rows(os.path.join(root, 'metrics.csv'))[-1]['env_steps']) == 300
 
 
+@pytest.mark.slow
 def test_continuous_action_env_is_refused_with_exit_status_2(tmp_path):
   root = tmp_path / 'run'
   result = harness_train(str(root), TINY_BINDINGS + ["make_env.env_id='Pendulum-v1'"])

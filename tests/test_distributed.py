@@ -128,6 +128,7 @@ def _alive(processes):
 
 
 # Two launches of four TensorFlow processes each: generous on a busy machine.
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_launch_survives_kills_stops_on_ctrl_c_and_resumes_to_its_target(tmp_path):
   launches = []
@@ -204,6 +205,7 @@ def _check_launches(tmp_path, launches):
     assert record['restarts'] == 0 and not psutil.pid_exists(record['pid']), record
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2_and_touches_nothing(tmp_path):
   root = tmp_path / 'run'
   cmd = [sys.executable, '-m', 'harness.launch', f'--root_dir={root}',
@@ -217,6 +219,7 @@ def test_bad_input_exits_2_and_touches_nothing(tmp_path):
   assert not root.exists()
 
 
+@pytest.mark.slow
 def test_collector_that_cannot_reach_the_server_exits_2(tmp_path):
   import portpicker  # pylint: disable=g-import-not-at-top
   from tests.cli import harness_train  # pylint: disable=g-import-not-at-top

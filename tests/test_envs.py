@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from tf_agents.trajectories import time_step as ts
 
-from harness import envs
-from harness import evaluation
-from harness.errors import UsageError
+from harness.base.errors import UsageError
+from harness.rl import envs
+from harness.run import evaluation
 
 
 def _run_until_last(env, action):

@@ -80,6 +80,7 @@ BINDING_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('bindings,flags,keywords',
                          [c[1:] for c in BINDING_CASES], ids=[c[0] for c in BINDING_CASES])
 def test_bad_input_on_a_new_root_creates_nothing(tmp_path, bindings, flags, keywords):
@@ -96,6 +97,7 @@ EXISTING_RUN_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('bindings,keywords', [c[1:] for c in EXISTING_RUN_CASES],
                          ids=[c[0] for c in EXISTING_RUN_CASES])
 def test_bad_input_on_an_existing_run_changes_nothing(short_cartpole_run, tmp_path,
@@ -108,6 +110,7 @@ def test_bad_input_on_an_existing_run_changes_nothing(short_cartpole_run, tmp_pa
   assert snapshot(root) == before
 
 
+@pytest.mark.slow
 def test_gin_syntax_error_names_file_and_line(tmp_path):
   gin_file = tmp_path / 'broken.gin'
   gin_file.write_text("make_env.env_id = 'CartPole-v1'\n\ntrain_eval.batch_size = (8\n"
@@ -119,6 +122,7 @@ def test_gin_syntax_error_names_file_and_line(tmp_path):
   assert not root.exists()
 
 
+@pytest.mark.slow
 def test_unknown_binding_in_a_gin_file_names_file_and_line(tmp_path):
   gin_file = tmp_path / 'typo.gin'
   gin_file.write_text("make_env.env_id = 'CartPole-v1'\nmake_agent.learning_rat = 1e-3\n")
@@ -129,6 +133,7 @@ def test_unknown_binding_in_a_gin_file_names_file_and_line(tmp_path):
   assert not root.exists()
 
 
+@pytest.mark.slow
 def test_missing_gin_file(tmp_path):
   missing = str(tmp_path / 'nope.gin')
   root = tmp_path / 'run'
@@ -137,6 +142,7 @@ def test_missing_gin_file(tmp_path):
   assert not root.exists()
 
 
+@pytest.mark.slow
 def test_root_dir_that_is_a_file(tmp_path):
   root = tmp_path / 'not_a_dir'
   root.write_text('precious\n')
@@ -146,6 +152,7 @@ def test_root_dir_that_is_a_file(tmp_path):
   assert snapshot(str(root)) == before
 
 
+@pytest.mark.slow
 def test_root_dir_that_is_not_writable(tmp_path):
   if os.geteuid() == 0:
     # root writes through permission bits; procfs refuses new entries to anyone.
@@ -165,6 +172,7 @@ def test_root_dir_that_is_not_writable(tmp_path):
   assert not os.path.exists(root)
 
 
+@pytest.mark.slow
 def test_verbosity_adds_the_traceback(tmp_path):
   root = tmp_path / 'run'
   result = harness_train(str(root), TINY_BINDINGS + ['make_agent.epsilon_greedy=1.5'],

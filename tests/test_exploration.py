@@ -6,8 +6,12 @@ from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 from tf_agents.trajectories import time_step as ts
 
-from harness import agents, checkpoints, collect, envs, exploration
-from harness.errors import UsageError
+from harness.base.errors import UsageError
+from harness.rl import agents
+from harness.rl import collect
+from harness.rl import envs
+from harness.rl import exploration
+from harness.rundir import checkpoints
 from tests.cli import TINY_BINDINGS, harness_train, tail
 
 NUM_ENVS = 4
@@ -105,6 +109,7 @@ def test_bad_settings_are_refused(kwargs, message):
     exploration.Exploration(**kwargs)
 
 
+@pytest.mark.slow
 def test_harness_train_collects_with_it(tmp_path):
   root = str(tmp_path / 'run')
   result = harness_train(root, TINY_BINDINGS + ['Exploration.temporally_extended=True',

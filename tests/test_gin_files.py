@@ -17,6 +17,7 @@ def test_every_benchmark_task_has_a_gin_file():
           'ddqn_mountaincar.gin', 'ddqn_atari.gin'} <= names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('gin_file', GIN_FILES, ids=os.path.basename)
 def test_gin_file_passes_the_input_checks(gin_file):
   result = harness_train(None, gin_files=[gin_file], extra_flags=['--check_only'])
@@ -24,6 +25,7 @@ def test_gin_file_passes_the_input_checks(gin_file):
   assert 'error' not in result.stderr.lower(), result.stderr
 
 
+@pytest.mark.slow
 def test_lunarlander_builds_and_runs_500_steps(tmp_path):
   root = str(tmp_path / 'lunar')
   result = harness_train(root, [

@@ -6,7 +6,13 @@ import tensorflow as tf
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 
-from harness import agents, checkpoints, collect, envs, learn, metrics, replay
+from harness.rl import agents
+from harness.rl import collect
+from harness.rl import envs
+from harness.rl import learn
+from harness.rl import replay
+from harness.rundir import checkpoints
+from harness.rundir import metrics
 
 
 @pytest.fixture(scope='module')
@@ -41,7 +47,7 @@ def test_train_and_policy_functions_trace_once(pieces):
     losses.append(trainer())
   assert np.all(np.isfinite(losses))
   assert trainer.trace_count() == 1
-  # The MLP's collect policy runs in numpy (harness.host_policy): nothing to trace.
+  # The MLP's collect policy runs in numpy (harness.rl.host_policy): nothing to trace.
   assert collector.trace_count() == 0
   assert int(built.agent.train_step_counter.numpy()) >= 60
 

@@ -1,4 +1,4 @@
-"""What keeps long runs flat: allocator settings (harness/memory.py) and leak-free counters."""
+"""What keeps long runs flat: allocator settings (harness/base/memory.py) and leak-free counters."""
 
 import ctypes
 import subprocess
@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from harness import checkpoints
-from harness import memory
-from harness.errors import UsageError
+from harness.base import memory
+from harness.base.errors import UsageError
+from harness.rundir import checkpoints
 
 # Runs in a fresh interpreter so this test's own heap history does not matter.
 # Freeing every other block leaves holes no top-of-heap trim can return; with
@@ -18,7 +18,7 @@ from harness.errors import UsageError
 _FREE_EVERY_OTHER_BLOCK = textwrap.dedent("""
     import sys
     import numpy as np
-    from harness import memory
+    from harness.base import memory
     pin, release = sys.argv[1] == 'pin', sys.argv[2] == 'release'
     if pin:
       assert memory.configure_allocator()
@@ -56,7 +56,7 @@ def test_release_free_memory_returns_freed_heap_pages():
 _MMAPPED_256K_BLOCKS = textwrap.dedent("""
     import ctypes, sys
     import gin
-    from harness import memory
+    from harness.base import memory
     gin.parse_config(sys.argv[1])
     assert memory.configure_allocator()
     class MallInfo2(ctypes.Structure):

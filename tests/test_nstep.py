@@ -16,7 +16,12 @@ from tf_agents.train.utils import train_utils
 from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory as trajectory_lib
 
-from harness import agents, checkpoints, collect, envs, nstep, replay
+from harness.rl import agents
+from harness.rl import collect
+from harness.rl import envs
+from harness.rl import nstep
+from harness.rl import replay
+from harness.rundir import checkpoints
 
 GAMMA = 0.9
 FIRST, MID, LAST = (int(t) for t in (ts.StepType.FIRST, ts.StepType.MID, ts.StepType.LAST))

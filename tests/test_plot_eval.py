@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from PIL import Image
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,6 +28,7 @@ def _assert_png(path: str):
     assert image.width >= 400 and image.height >= 300
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png_of_two_runs(short_cartpole_run, tmp_path):
   # A second run of the same name elsewhere: the legend must still tell them apart.
   other = tmp_path / 'b' / os.path.basename(short_cartpole_run)
@@ -56,6 +58,7 @@ def test_plot_of_a_directory_that_is_not_a_run(tmp_path):
   assert not (tmp_path / 'x.png').exists()
 
 
+@pytest.mark.slow
 def test_eval_plays_the_saved_policy_and_writes_a_gif(short_cartpole_run, tmp_path):
   gif = tmp_path / 'episode.gif'
   policy_dir = os.path.join(short_cartpole_run, 'policies', 'greedy_policy')
@@ -71,6 +74,7 @@ def test_eval_plays_the_saved_policy_and_writes_a_gif(short_cartpole_run, tmp_pa
     assert image.n_frames > 5
 
 
+@pytest.mark.slow
 def test_eval_refuses_a_policy_for_another_env(short_cartpole_run):
   policy_dir = os.path.join(short_cartpole_run, 'policies', 'greedy_policy')
   result = _run(_command('harness-eval', 'harness.evaluate') +
@@ -80,6 +84,7 @@ def test_eval_refuses_a_policy_for_another_env(short_cartpole_run):
   assert 'Acrobot-v1' in result.stderr and 'shape' in result.stderr
 
 
+@pytest.mark.slow
 def test_eval_of_a_missing_policy_dir(tmp_path):
   result = _run(_command('harness-eval', 'harness.evaluate') +
                 [f'--policy_dir={tmp_path / "nope"}', '--episodes=1'])

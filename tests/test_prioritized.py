@@ -8,7 +8,13 @@ import reverb
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 
-from harness import agents, checkpoints, collect, envs, learn, metrics, replay
+from harness.rl import agents
+from harness.rl import collect
+from harness.rl import envs
+from harness.rl import learn
+from harness.rl import replay
+from harness.rundir import checkpoints
+from harness.rundir import metrics
 from tests.cli import TINY_BINDINGS, harness_train, tail
 
 
@@ -77,6 +83,7 @@ def test_beta_reaches_one_at_the_end_of_its_schedule(prioritized):
   train_step.assign(saved)
 
 
+@pytest.mark.slow
 def test_priorities_survive_a_checkpoint_and_a_resume(tmp_path):
   root = str(tmp_path / 'run')
   bindings = TINY_BINDINGS + ['train_eval.prioritized_replay=True',

@@ -7,8 +7,12 @@ import tensorflow as tf
 from tf_agents.specs import tensor_spec
 from tf_agents.train.utils import train_utils
 
-from harness import agents, checkpoints, collect, envs, replay
-from harness.errors import UsageError
+from harness.base.errors import UsageError
+from harness.rl import agents
+from harness.rl import collect
+from harness.rl import envs
+from harness.rl import replay
+from harness.rundir import checkpoints
 
 
 class _Float64Corridor(gym.Env):

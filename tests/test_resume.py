@@ -79,6 +79,7 @@ def resumed_run(tmp_path_factory):
   return root, before, rows_before, second
 
 
+@pytest.mark.slow
 def test_new_epsilon_and_learning_rate_take_effect_after_resume(resumed_run):
   root, _, rows_before, _ = resumed_run
   rows = _rows(os.path.join(root, 'metrics.csv'))
@@ -95,6 +96,7 @@ def test_new_epsilon_and_learning_rate_take_effect_after_resume(resumed_run):
   assert int(new[-1]['env_steps']) == 3000
 
 
+@pytest.mark.slow
 def test_resume_report_names_each_change(resumed_run):
   root, _, _, second = resumed_run
   reports = glob.glob(os.path.join(root, 'config', 'resume-*.txt'))
@@ -108,6 +110,7 @@ def test_resume_report_names_each_change(resumed_run):
   assert len(glob.glob(os.path.join(root, 'config', 'operative_config-*.gin'))) == 2
 
 
+@pytest.mark.slow
 def test_saved_collect_policies_explore_with_their_own_epsilon(resumed_run):
   root, before, _, _ = resumed_run
   # Two actions: a random action differs from the greedy one half the time.
@@ -119,6 +122,7 @@ def test_saved_collect_policies_explore_with_their_own_epsilon(resumed_run):
   assert new == pytest.approx(0.1 * 0.5, abs=0.03)
 
 
+@pytest.mark.slow
 def test_changed_network_is_refused_and_nothing_changes(resumed_run):
   root = resumed_run[0]
   before = _snapshot(root)
@@ -130,6 +134,7 @@ def test_changed_network_is_refused_and_nothing_changes(resumed_run):
   assert _snapshot(root) == before
 
 
+@pytest.mark.slow
 def test_changed_replay_capacity_is_refused(resumed_run):
   root = resumed_run[0]
   before = _snapshot(root)
@@ -139,6 +144,7 @@ def test_changed_replay_capacity_is_refused(resumed_run):
   assert _snapshot(root) == before
 
 
+@pytest.mark.slow
 def test_sigkill_after_first_checkpoint_then_same_command_completes(tmp_path):
   root = str(tmp_path / 'run')
   bindings = BASE + ['train_eval.num_env_steps=2500', 'train_eval.checkpoint_interval=500']

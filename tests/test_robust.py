@@ -26,10 +26,10 @@ import gin
 import pytest
 import tensorflow as tf
 
-from harness import disk
-from harness import experiment
-from harness import run_lock
-from harness.errors import UsageError
+from harness.base import disk
+from harness.base.errors import UsageError
+from harness.run import experiment
+from harness.rundir import lock as run_lock
 from tests.cli import CARTPOLE_GIN, REPO, TINY_BINDINGS, harness_train, tail
 
 # One env, one gradient step per env step; rows every 200 env steps. The random
@@ -188,6 +188,7 @@ def interrupted_run(tmp_path_factory):
   return seen
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # the fixture's launches count here
 def test_sigterm_or_sigint_during_start_up_exits_without_writing(interrupted_run):
   code, stdout, stderr, checkpoint_exists, rows = interrupted_run['startup']
@@ -197,6 +198,7 @@ def test_sigterm_or_sigint_during_start_up_exits_without_writing(interrupted_run
   assert GRACE_EXCEEDED not in stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name,signame,code', [('sigterm', 'SIGTERM', 143),
                                                ('sigint', 'SIGINT', 130)])
 def test_signal_mid_run_writes_a_checkpoint_and_exits_with_its_status(interrupted_run, name,
@@ -213,6 +215,7 @@ def test_signal_mid_run_writes_a_checkpoint_and_exits_with_its_status(interrupte
   assert _error_lines(stderr) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigkill_leaves_no_stale_lock_and_a_second_launch_is_refused(interrupted_run):
   root, logs = interrupted_run['root'], interrupted_run['logs']
@@ -260,6 +263,7 @@ def _bytes_under(paths):
                  os.path.getsize(p) for p in paths if os.path.isfile(p))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_full_disk_stops_with_one_line_then_the_same_command_resumes(tmp_path):
   mount = str(tmp_path / 'disk')
@@ -310,6 +314,7 @@ def test_full_disk_stops_with_one_line_then_the_same_command_resumes(tmp_path):
     subprocess.run(['umount', '-l', mount], check=False)
 
 
+@pytest.mark.slow
 def test_a_resume_whose_replay_checkpoint_is_gone_refills_the_table_and_completes(tmp_path):
   """An empty restored table (its Reverb checkpoint unreadable or deleted) once
   hung the resumed launch for good: sampling an empty table blocks."""
@@ -443,7 +448,7 @@ def test_the_holder_records_itself_and_a_refused_launch_restores_root(tmp_path):
 # until asked to stop, or ignores the request to let the grace timer act.
 _WATCHED = textwrap.dedent("""
     import sys, time
-    from harness import shutdown
+    from harness.base import shutdown
     shutdown.install_signal_handlers(float(sys.argv[1]), 'harness-train')
     print('ready', flush=True)
     stop = shutdown.current()

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from harness import metrics
+from harness.rundir import metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

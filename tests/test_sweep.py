@@ -23,9 +23,9 @@ from typing import Dict, List, Optional, Sequence
 import psutil
 import pytest
 
-from harness import aggregate
-from harness import sweep_spec
-from harness.errors import UsageError
+from harness.base.errors import UsageError
+from harness.sweeps import aggregate
+from harness.sweeps import spec as sweep_spec
 from tests.cli import CARTPOLE_GIN, REPO
 
 TAG = 'HARNESS_SWEEP_TEST'
@@ -280,7 +280,7 @@ def test_our_iqm_is_rliables_aggregate_iqm():
                        [metrics.aggregate_iqm(scores[:, i:i + 1]) for i in range(6)])
     assert np.isclose(aggregate.iqm(scores[:, 0]), metrics.aggregate_iqm(scores[:, :1]))
   # The trial workers' Optuna objective: the same IQM, of the finite values only.
-  from harness import sweep_trial
+  from harness.sweeps import trial as sweep_trial
   assert sweep_trial.iqm([3.0, None, 1.0, 2.0, 4.0, math.nan, 9.0]) == pytest.approx(
       metrics.aggregate_iqm(np.array([3.0, 1.0, 2.0, 4.0, 9.0])))
   assert sweep_trial.iqm([7.5]) == 7.5 and math.isnan(sweep_trial.iqm([None, math.nan]))
@@ -337,7 +337,7 @@ def test_a_bootstrap_leaves_other_threads_log_lines_alone(monkeypatch):
 
 
 def test_table_writes_the_summary_off_the_callers_thread(tmp_path):
-  from harness.sweep_table import TrialTable
+  from harness.sweeps.table import TrialTable
   sweeps = sweep_spec.parse_sweeps([LR_GRID], 'grid')
   spec = sweep_spec.Spec(['/g/a.gin'], ['x.y = 1\n'], [], sweeps, [0, 1], 'grid', None)
   table = TrialTable(str(tmp_path), spec)
@@ -357,7 +357,7 @@ def test_table_writes_the_summary_off_the_callers_thread(tmp_path):
 
 
 def test_error_line_of_a_failed_child():
-  from harness.sweep_trial import error_line
+  from harness.sweeps.trial import error_line
   assert error_line(['noise', 'harness-train: error: make_agent.learning_rate=-1 must be '
                      'positive', ''], 2) == 'make_agent.learning_rate=-1 must be positive'
   assert error_line(['Traceback ...', 'ValueError: boom'], 1) == 'ValueError: boom'
@@ -389,6 +389,7 @@ def _sweep_temp_dirs():
   return set(glob.glob(os.path.join(tempfile.gettempdir(), 'harness-sweep-*')))
 
 
+@pytest.mark.slow
 def test_unknown_binding_name_exits_2_before_writing(tmp_path, tag):
   """Tune starts while the check runs, its trials held at the gate: on bad input
   the gate closes, Tune stops, and nothing of the sweep is left anywhere."""
@@ -404,7 +405,7 @@ def test_unknown_binding_name_exits_2_before_writing(tmp_path, tag):
 
 
 def test_a_trial_waits_at_the_gate_until_it_opens_and_fails_if_it_closes(tmp_path):
-  from harness import sweep_gate
+  from harness.sweeps import gate as sweep_gate
   gate = sweep_gate.Gate(str(tmp_path))
   waiter = threading.Thread(target=gate.wait)
   waiter.start()
@@ -424,7 +425,7 @@ def test_a_trial_waits_at_the_gate_until_it_opens_and_fails_if_it_closes(tmp_pat
 
 
 def test_one_child_claims_the_check_and_the_first_verdict_stands(tmp_path):
-  from harness import sweep_gate
+  from harness.sweeps import gate as sweep_gate
   gate = sweep_gate.Gate(str(tmp_path))
   gate.request_check(['/a.gin'], ['x.y=1'], ['make_agent.learning_rate'])
   assert gate.check_request() == {'gin_files': ['/a.gin'], 'bindings': ['x.y=1'],
@@ -453,7 +454,7 @@ def _set_event() -> threading.Event:
 def _gated_child(tmp_path, gate, script: str):
   """A sweep_trial.Child whose process is `python -c script` (its argv ends with
   the gate flags), in a sweep directory that does not exist yet."""
-  from harness import sweep_trial
+  from harness.sweeps import trial as sweep_trial
 
   class ScriptChild(sweep_trial.ChildSpec):
 
@@ -476,7 +477,7 @@ print('through the gate', flush=True)
 
 
 def test_a_gated_child_starts_at_once_and_writes_its_log_only_once_the_gate_opens(tmp_path):
-  from harness import sweep_gate
+  from harness.sweeps import gate as sweep_gate
   gate = sweep_gate.Gate(str(tmp_path / 'gate'))
   os.makedirs(gate.path)
   child, sweep = _gated_child(tmp_path, gate, _WAITS_FOR_THE_GATE)
@@ -498,8 +499,8 @@ def test_a_gated_child_starts_at_once_and_writes_its_log_only_once_the_gate_open
 
 def test_a_child_that_ends_at_the_gate_gives_the_verdict_and_writes_nothing(tmp_path):
   """A crash before the checker's own verdict must not leave the sweep waiting."""
-  from harness import sweep_gate
-  from harness import sweep_trial
+  from harness.sweeps import gate as sweep_gate
+  from harness.sweeps import trial as sweep_trial
   gate = sweep_gate.Gate(str(tmp_path / 'gate'))
   os.makedirs(gate.path)
   child, sweep = _gated_child(
@@ -527,6 +528,7 @@ def grid_sweep(tmp_path_factory):
   return root, result
 
 
+@pytest.mark.slow
 def test_grid_completes_with_run_dirs_and_tables(grid_sweep):
   root, result = grid_sweep
   assert result.returncode == 0, tail(result)
@@ -563,6 +565,7 @@ def test_grid_completes_with_run_dirs_and_tables(grid_sweep):
   assert not os.path.exists(os.path.join(root, '.tune'))
 
 
+@pytest.mark.slow
 def test_same_command_again_starts_no_trial_and_no_ray(grid_sweep, tag):
   root, first = grid_sweep
   assert first.returncode == 0, tail(first)
@@ -576,6 +579,7 @@ def test_same_command_again_starts_no_trial_and_no_ray(grid_sweep, tag):
   assert 'IQM final [95% CI]' in result.stdout
 
 
+@pytest.mark.slow
 def test_changed_spec_is_refused_and_nothing_touched(grid_sweep, tag):
   root, first = grid_sweep
   assert first.returncode == 0, tail(first)
@@ -587,6 +591,7 @@ def test_changed_spec_is_refused_and_nothing_touched(grid_sweep, tag):
   assert tree_digest(root) == before
 
 
+@pytest.mark.slow
 def test_plot_draws_the_summary_of_a_sweep(grid_sweep, tmp_path):
   root, first = grid_sweep
   assert first.returncode == 0, tail(first)
@@ -656,6 +661,7 @@ def killed_sweep(tmp_path_factory):
   return root, good, result, first_rows, survivors
 
 
+@pytest.mark.slow
 def test_sigkilled_sweep_resumes_the_killed_trial(killed_sweep):
   root, good, result, _, survivors = killed_sweep
   print('survived the group SIGKILL:', survivors)
@@ -669,6 +675,7 @@ def test_sigkilled_sweep_resumes_the_killed_trial(killed_sweep):
   assert int(good_row['env_steps']) >= 1500
 
 
+@pytest.mark.slow
 def test_bad_value_fails_only_its_trials(killed_sweep):
   root, _, result, first_rows, _ = killed_sweep
   first = {r['trial_id']: r for r in first_rows}
@@ -687,6 +694,7 @@ def test_bad_value_fails_only_its_trials(killed_sweep):
 # --- stopping Ray --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stopping_ray_survives_a_collection_on_another_thread(tag):
   """ray_runtime.stop against the Ray 2.40 crash (scripts/repro_shutdown_gc.py):
   ObjectRefs in garbage cycles, collected on a thread while Ray stops, killed
@@ -704,7 +712,7 @@ def test_stopping_ray_survives_a_collection_on_another_thread(tag):
 def test_only_rays_own_leftovers_are_killed_early():
   """ray_runtime.stop kills Ray's leftovers after RAY_GRACE_S, but gives other
   processes (a trial's harness-train, checkpointing) EXIT_WAIT_S."""
-  from harness import ray_runtime
+  from harness.base import ray_runtime
   import ray
   ray_dir = os.path.dirname(ray.__file__) + os.sep
   worker = subprocess.Popen(['bash', '-c', 'exec -a ray::IDLE sleep 60'])
@@ -725,6 +733,7 @@ def test_only_rays_own_leftovers_are_killed_early():
 # --- Optuna -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_optuna_search_of_4_trials(tmp_path, tag):
   root = str(tmp_path / 'search')
   cmd = sweep_command(root, sweeps=['make_agent.learning_rate=loguniform(1e-4, 1e-2)'],

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from harness import threads
-from harness.errors import UsageError
+from harness.base import threads
+from harness.base.errors import UsageError
 from tests.cli import TINY_BINDINGS, harness_train, tail
 
 # A fresh interpreter: the pools can be sized only before TensorFlow's first op.
@@ -29,6 +29,7 @@ _POOLS_AFTER_THE_INPUT_CHECK = textwrap.dedent("""
     ([], '1 0'),  # the shipped CartPole file: one intra-op thread, TF's inter-op default
     (['configure_threads.intra_op_threads=2', 'configure_threads.inter_op_threads=3'], '2 3'),
 ])
+@pytest.mark.slow
 def test_the_thread_pools_are_sized_before_tensorflow_starts(bindings, expected):
   gin_file = os.path.join(os.path.dirname(__file__), '..', 'gin', 'ddqn_cartpole.gin')
   out = subprocess.run([sys.executable, '-c', _POOLS_AFTER_THE_INPUT_CHECK, gin_file, *bindings],
@@ -42,6 +43,7 @@ def test_a_thread_count_that_is_not_a_positive_integer_is_refused(value):
     threads.configure_threads(intra_op_threads=value)
 
 
+@pytest.mark.slow
 def test_harness_train_refuses_a_bad_thread_count_in_one_line(tmp_path):
   root = str(tmp_path / 'run')
   result = harness_train(root, TINY_BINDINGS + ['configure_threads.inter_op_threads=0'])

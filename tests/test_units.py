@@ -22,17 +22,17 @@ from tf_agents.policies import random_py_policy
 from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
 
-from harness import actors
-from harness import agents
-from harness import distributed
-from harness import errors
-from harness import evaluation
-from harness import experiment
-from harness import results
-from harness import resume
-from harness import triggers
-from harness.errors import UsageError
-from harness.settings import Distributed, RunConfig
+from harness.base import errors
+from harness.base.errors import UsageError
+from harness.distributed import actors
+from harness.distributed import jobs
+from harness.rl import agents
+from harness.run import evaluation
+from harness.run import experiment
+from harness.run import triggers
+from harness.run.settings import Distributed, RunConfig
+from harness.rundir import results
+from harness.rundir import resume
 
 
 def _config(**overrides) -> RunConfig:
@@ -140,7 +140,7 @@ def test_resume_comparison_applies_and_refuses():
 
 @pytest.mark.parametrize('rows_per_item', [1, 4])
 def test_rate_limiter_holds_the_replay_ratio_whatever_the_grouping(rows_per_item):
-  samples_per_insert, min_items, error_buffer = distributed.rate_limiter_settings(
+  samples_per_insert, min_items, error_buffer = jobs.rate_limiter_settings(
       batch_size=64, replay_ratio=0.5, initial_collect_steps=1000,
       rows_per_item=rows_per_item, tolerance_inserts=500)
   # Inserting k items brings k * rows_per_item env steps; training them at the
@@ -175,10 +175,10 @@ def test_jobs_find_the_server_again_on_every_try_and_name_the_fix():
     tries.append(1)
     raise ConnectionError('no replay actor')
 
-  locator = distributed.ReplayLocator(find, 'the replay job did not come back')
+  locator = jobs.ReplayLocator(find, 'the replay job did not come back')
   with pytest.raises(UsageError, match='the replay job did not come back, or raise '
                      'Distributed.max_unreachable_seconds'):
-    distributed.wait_for_server(locator, limit_s=0.5)
+    jobs.wait_for_server(locator, limit_s=0.5)
   assert len(tries) >= 2
 
 
@@ -269,7 +269,7 @@ def test_eval_env_is_as_wide_as_the_episodes_up_to_the_cap():
                                                 ('bad thing', 1, 'bad thing')])
 def test_exit_without_teardown_keeps_sys_exit_meaning_and_runs_atexit(code, status, stderr):
   program = ('import atexit, sys\n'
-             'from harness import cli\n'
+             'from harness.base import cli\n'
              'atexit.register(lambda: print("atexit ran", flush=True))\n'
              'print("before", end="")\n'  # unflushed: must still come out
              f'cli.exit_without_teardown({code!r})\n'

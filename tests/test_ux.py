@@ -18,11 +18,11 @@ import sys
 import numpy as np
 import pytest
 
-from harness import quiet
+from harness.base import quiet
 from tests.cli import REPO, TINY_BINDINGS, harness_train, tail
 
-HARNESS_MODULES = {name for name in os.listdir(os.path.join(REPO, 'harness'))
-                   if name.endswith('.py')}
+HARNESS_MODULES = {name for _, _, names in os.walk(os.path.join(REPO, 'harness'))
+                   for name in names if name.endswith('.py')}
 # An absl log line: "I1130 12:01:40.532190 140341181119360 single_process.py:28] ..."
 ABSL_LINE = re.compile(r'^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ ([\w.]+):\d+\] ')
 
@@ -69,6 +69,7 @@ def ux_run(tmp_path_factory):
 # --- a quiet log ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stdout_holds_only_harness_log_lines(ux_run):
   _, result = ux_run
   lines = [line for line in result.stdout.splitlines() if line.strip()]
@@ -83,6 +84,7 @@ def test_stdout_holds_only_harness_log_lines(ux_run):
   assert re.search(r'Run .*cartpole: DDQN.* on CartPole-v1, 3000 env steps', text), text[:2000]
 
 
+@pytest.mark.slow
 def test_stderr_holds_nothing_but_allowed_lines(ux_run):
   _, result = ux_run
   unexpected = [line for line in result.stderr.splitlines()
@@ -123,9 +125,10 @@ def test_native_chatter_is_dropped_and_problems_kept():
 # --- videos while training --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_video_interval_writes_gifs_of_the_episode(ux_run):
-  from harness import envs  # pylint: disable=g-import-not-at-top
-  from harness import video  # pylint: disable=g-import-not-at-top
+  from harness.rl import envs  # pylint: disable=g-import-not-at-top
+  from harness.run import video  # pylint: disable=g-import-not-at-top
   root, result = ux_run
   logged = re.findall(r'video at env_steps (\d+): (\S+) \((\d+) steps', result.stdout)
   assert len(logged) == 2, tail(result)  # at 1,500 env steps and at the target
@@ -143,8 +146,8 @@ def test_video_interval_writes_gifs_of_the_episode(ux_run):
 
 
 def test_played_frames_are_the_episodes_and_survive_the_gif(tmp_path):
-  from harness import envs  # pylint: disable=g-import-not-at-top
-  from harness import video  # pylint: disable=g-import-not-at-top
+  from harness.rl import envs  # pylint: disable=g-import-not-at-top
+  from harness.run import video  # pylint: disable=g-import-not-at-top
   env = envs.make_env('CartPole-v1', seed=3, render_mode='rgb_array')
   rng = np.random.default_rng(0)
   returns, lengths, frames = video.play(lambda _: np.asarray(rng.integers(2), np.int64), env)
@@ -160,8 +163,8 @@ def test_played_frames_are_the_episodes_and_survive_the_gif(tmp_path):
 
 
 def test_mp4_needs_its_extra_and_writes_a_file(tmp_path):
-  from harness import video  # pylint: disable=g-import-not-at-top
-  from harness.errors import UsageError  # pylint: disable=g-import-not-at-top
+  from harness.run import video  # pylint: disable=g-import-not-at-top
+  from harness.base.errors import UsageError  # pylint: disable=g-import-not-at-top
   with pytest.raises(UsageError, match=r"'gif' or 'mp4'"):
     video.check_format('avi')
   if not video.ffmpeg_available():
@@ -176,8 +179,8 @@ def test_mp4_needs_its_extra_and_writes_a_file(tmp_path):
 
 
 def test_video_settings_are_validated():
-  from harness import experiment  # pylint: disable=g-import-not-at-top
-  from harness.errors import UsageError  # pylint: disable=g-import-not-at-top
+  from harness.run import experiment  # pylint: disable=g-import-not-at-top
+  from harness.base.errors import UsageError  # pylint: disable=g-import-not-at-top
   cfg = experiment.settings_from_gin(root_dir='r', job='all', replay_address=None,
                                      collector_id=0)
   assert cfg.video_interval == 0 and cfg.video_format == 'gif' and not cfg.track
@@ -223,6 +226,7 @@ def _value(entry):
   return entry.get('value', entry) if isinstance(entry, dict) else entry
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_WANDB, reason=NO_WANDB)
 def test_track_offline_run_holds_metrics_evals_config_and_videos(ux_run):
   root, _ = ux_run
@@ -242,6 +246,7 @@ def test_track_offline_run_holds_metrics_evals_config_and_videos(ux_run):
   assert _value(config['num_env_steps']) == 3000
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_WANDB, reason=NO_WANDB)
 def test_track_resumed_run_keeps_its_run_id(ux_run, tmp_path):
   source, _ = ux_run
@@ -261,6 +266,7 @@ def test_track_resumed_run_keeps_its_run_id(ux_run, tmp_path):
   assert max(r['env_steps'] for r in rows if 'train/loss' in r) >= 3600
 
 
+@pytest.mark.slow
 def test_track_without_the_extra_is_one_line_exit_2(tmp_path):
   fake = tmp_path / 'no_wandb' / 'wandb'
   fake.mkdir(parents=True)
@@ -275,7 +281,7 @@ def test_track_without_the_extra_is_one_line_exit_2(tmp_path):
 
 
 def test_sweep_passes_track_on_with_one_group():
-  from harness import sweep_trial  # pylint: disable=g-import-not-at-top
+  from harness.sweeps import trial as sweep_trial  # pylint: disable=g-import-not-at-top
   child = sweep_trial.ChildSpec('t0', '/s/trials/t0', '/s/logs/t0.log', ['f.gin'], ['a.b=1'],
                                 track_group='sweep_lr')
   assert child.command()[-1] == '--track'
@@ -297,6 +303,7 @@ FOREIGN_FLAGS = ['--logtostderr', '--alsologtostderr', '--log_dir', '--only_chec
                  '--pdb_post_mortem', '--run_with_profiling', '--test_srcdir']
 
 
+@pytest.mark.slow
 def test_help_of_each_command_lists_its_own_flags():
   processes = {module: subprocess.Popen(  # pylint: disable=consider-using-with
       [sys.executable, '-m', f'harness.{module}', '--help'], cwd=REPO, text=True,
