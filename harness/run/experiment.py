@@ -63,6 +63,7 @@ def train_eval(root_dir: str,
                shutdown_grace_seconds: float = 60.0,
                video_interval: int = 0,
                video_format: str = 'gif',
+               overlap_training: bool = False,
                track: bool = False) -> RunConfig:
   """The settings of a run that trains and evaluates an agent until `num_env_steps`.
 
@@ -98,6 +99,11 @@ def train_eval(root_dir: str,
       ROOT/videos/<env_steps>.<video_format> (0 = no videos). Frames are the
       env's render (Atari: the native 210x160 screen).
     video_format: 'gif' (Pillow) or 'mp4' (needs pip install -e '.[mp4]').
+    overlap_training: the single-process job runs an iteration's gradient steps
+      on the trainer's thread while the collector steps the envs for the next
+      one (the policy acts with weights one iteration older); metrics rows,
+      evaluations, videos and checkpoints wait for the steps in flight, so they
+      see train_step at the replay ratio. False: collect, then train.
     track: also stream the run to Weights & Biases (`harness-train --track`;
       files under ROOT/wandb/); not a gin setting.
   """
@@ -111,7 +117,7 @@ def train_eval(root_dir: str,
       log_interval=log_interval, seed=seed, prioritized_replay=prioritized_replay, job=job,
       replay_address=replay_address, collector_id=collector_id,
       shutdown_grace_seconds=shutdown_grace_seconds, video_interval=video_interval,
-      video_format=video_format, track=track).validate()
+      video_format=video_format, overlap_training=overlap_training, track=track).validate()
 
 
 def settings_from_gin(**launch) -> RunConfig:

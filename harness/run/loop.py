@@ -38,6 +38,9 @@ class JobHooks:
     episodes: training episodes so far (None where the job does not see them).
     extra_triggers: job-specific interval actions (the learner's weight push).
     evaluate: whether this job evaluates (a distributed run may leave it to an eval job).
+    settle: waits for work an iteration left in flight (gradient steps overlapped
+      with collection); called before every row, evaluation, video, checkpoint
+      and the results, so that each sees one consistent point.
   """
   iteration: Callable[[], int]
   metrics_row: Callable[[int], dict]
@@ -45,23 +48,32 @@ class JobHooks:
   episodes: Callable[[], object]
   extra_triggers: Sequence[triggers.IntervalTrigger] = ()
   evaluate: bool = True
+  settle: Callable[[], None] = lambda: None
 
 
 def train_to_target(cfg: RunConfig, reporter: Reporter, clock: checkpoints.WallClock,
                     hooks: JobHooks, env_steps: int) -> int:
   """Iterates from `env_steps` to `cfg.num_env_steps`; returns the count reached."""
+
+  def settled(action: Callable[[int], object]) -> Callable[[int], object]:
+    def run(steps: int):
+      hooks.settle()
+      return action(steps)
+    return run
+
+  save_checkpoint = settled(lambda _: hooks.save_checkpoint())
   interval_triggers = [
       triggers.IntervalTrigger(cfg.log_interval,
-                               lambda steps: reporter.log(hooks.metrics_row(steps))),
+                               settled(lambda steps: reporter.log(hooks.metrics_row(steps)))),
       *hooks.extra_triggers,
   ]
   if hooks.evaluate:
-    interval_triggers.append(triggers.IntervalTrigger(cfg.eval_interval, reporter.evaluate))
+    interval_triggers.append(triggers.IntervalTrigger(cfg.eval_interval,
+                                                      settled(reporter.evaluate)))
     if cfg.video_interval:
       interval_triggers.append(triggers.IntervalTrigger(cfg.video_interval,
-                                                        reporter.record_video))
-  interval_triggers.append(triggers.IntervalTrigger(cfg.checkpoint_interval,
-                                                    lambda _: hooks.save_checkpoint()))
+                                                        settled(reporter.record_video)))
+  interval_triggers.append(triggers.IntervalTrigger(cfg.checkpoint_interval, save_checkpoint))
   started = env_steps
   stop = shutdown.current()
   reporter.start_clock(env_steps)
@@ -71,7 +83,7 @@ def train_to_target(cfg: RunConfig, reporter: Reporter, clock: checkpoints.WallC
     if env_steps == started:
       shutdown.exit_if_requested(f'at env_steps {env_steps}')  # nothing trained: no write
     if env_steps < cfg.num_env_steps:
-      hooks.save_checkpoint()  # at the target, the end-of-run trigger has written it
+      save_checkpoint(env_steps)  # at the target, the end-of-run trigger has written it
     # results.json waits for the next launch: its final evaluation can take minutes.
     message = (f'stopped by {stop.reason} at env_steps {env_steps}: checkpoint written; '
                'run the same command to resume')
@@ -79,7 +91,8 @@ def train_to_target(cfg: RunConfig, reporter: Reporter, clock: checkpoints.WallC
     raise shutdown.Stopped(message, stop.exit_code)
   if env_steps == started or not os.path.exists(reporter.exporter.path('greedy_policy')):
     # Nothing new was trained (target already reached): still leave a complete run dir.
-    hooks.save_checkpoint()
+    save_checkpoint(env_steps)
+  hooks.settle()
   reporter.write_results(env_steps, hooks.episodes(), clock.total())
   logging.info('Done: env_steps %d, train_step %d', env_steps,
                int(reporter.train_step()))

@@ -56,6 +56,7 @@ class RunConfig:
   video_interval: int = 0
   video_format: str = 'gif'
   track: bool = False
+  overlap_training: bool = False
 
   @property
   def replay_ratio(self) -> float:
@@ -95,9 +96,9 @@ class RunConfig:
     if self.video_interval:
       from harness.run import video  # pylint: disable=g-import-not-at-top
       video.check_format(self.video_format)
-    if not isinstance(self.prioritized_replay, bool):
-      raise UsageError(f'train_eval.prioritized_replay={self.prioritized_replay!r} must be '
-                       'True or False')
+    for name in ('prioritized_replay', 'overlap_training'):
+      if not isinstance(getattr(self, name), bool):
+        raise UsageError(f'train_eval.{name}={getattr(self, name)!r} must be True or False')
     return self
 
 

@@ -55,17 +55,34 @@ def run_single_process(cfg: RunConfig) -> None:
   reporter = reporting.Reporter(cfg, parts, run_dir.restored_step)
   last_loss = [float('nan')]
 
+  def settle() -> None:
+    """Waits for the gradient steps in flight (train_eval.overlap_training)."""
+    loss = trainer.finish()
+    if loss is not None:
+      last_loss[0] = loss
+
+  def calls_due() -> int:
+    """Compiled calls that bring train_step to the replay ratio of the env steps
+    actually collected after the initial collect (a batched step can overshoot):
+    train_step stays at replay_ratio * (env_steps - initial_collect_steps)."""
+    due = (stats.env_steps - cfg.initial_collect_steps) * cfg.replay_ratio
+    step, calls = int(train_step.numpy()), 0
+    while step + trainer.steps_per_call / 2 <= due:
+      step, calls = step + trainer.steps_per_call, calls + 1
+    return calls
+
   def iteration() -> int:
     if priorities:  # new items enter with the highest priority given so far
       replay_observer.update_priority(float(run_state.max_priority.numpy()))
     with quiet.native_stderr():  # Reverb's writer and sampler lines
+      # With overlap_training, the previous iteration's gradient steps run meanwhile.
       collector.run()
       run_state.set_env_steps(stats.env_steps)
-      # Gradient steps follow the env steps actually collected after the initial
-      # collect (a batched driver step can overshoot), so train_step stays at
-      # replay_ratio * (env_steps - initial_collect_steps).
-      due = (stats.env_steps - cfg.initial_collect_steps) * cfg.replay_ratio
-      while int(train_step.numpy()) + trainer.steps_per_call / 2 <= due:
+      settle()
+      calls = calls_due()
+      if calls and cfg.overlap_training:
+        trainer.start(calls)
+      for _ in range(0 if cfg.overlap_training else calls):
         last_loss[0] = trainer()
     return stats.env_steps
 
@@ -92,7 +109,8 @@ def run_single_process(cfg: RunConfig) -> None:
     _refill_an_emptied_table(cfg, collector, stats, client, layout.rows_per_item, stop)
   run_state.set_env_steps(stats.env_steps)
   hooks = loop.JobHooks(iteration=iteration, metrics_row=metrics_row,
-                        save_checkpoint=save_checkpoint, episodes=lambda: stats.episodes)
+                        save_checkpoint=save_checkpoint, episodes=lambda: stats.episodes,
+                        settle=settle)
   loop.train_to_target(cfg, reporter, clock, hooks, stats.env_steps)
   with quiet.native_stderr():
     replay_observer.close()
