@@ -41,7 +41,6 @@ from absl import logging
 import gin
 
 from harness.base import cli
-from harness.base import errors
 from harness.base import ray_runtime
 from harness.base.errors import UsageError
 from harness.distributed import actors

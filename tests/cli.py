@@ -1,8 +1,11 @@
 """Helpers to run `harness-train` as a real subprocess in tests."""
 
+import glob
 import os
+import signal
 import subprocess
 import sys
+import time
 from typing import List, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +44,23 @@ def harness_train(root_dir: Optional[str], bindings: Sequence[str] = (),
   cmd += list(extra_flags)
   return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
                         env=env)
+
+
+def sigkill_after_first_checkpoint(root_dir: str, bindings: Sequence[str],
+                                   after_s: float = 1.5) -> None:
+  """Starts a CartPole run and SIGKILLs it `after_s` seconds after its first TF
+  checkpoint, mid-run (the run must not have ended by then)."""
+  cmd = [sys.executable, '-m', 'harness.train', f'--root_dir={root_dir}',
+         f'--gin_file={CARTPOLE_GIN}'] + [f'--gin_bindings={b}' for b in bindings]
+  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 240
+  while not glob.glob(os.path.join(root_dir, 'train', 'ckpt-*.index')) and time.time() < deadline:
+    assert proc.poll() is None, 'the run ended before its first checkpoint'
+    time.sleep(0.2)
+  time.sleep(after_s)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL
 
 
 def tail(result: subprocess.CompletedProcess, chars: int = 3000) -> str:

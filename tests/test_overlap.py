@@ -2,16 +2,11 @@
 promises of the plain loop (replay ratio at every row, a complete checkpoint on SIGTERM,
 a SIGKILL then a resume with unique train steps)."""
 
-import glob
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from tests.cli import CARTPOLE_GIN, REPO, TINY_BINDINGS, harness_train, tail
+from tests.cli import TINY_BINDINGS, harness_train, sigkill_after_first_checkpoint, tail
 from tests.test_robust import STOP_LINE, Launch, _latest_checkpoint_step, _metrics
 
 COLLECT, TRAIN, INITIAL = 8, 4, 200
@@ -60,17 +55,7 @@ def test_sigterm_mid_run_writes_a_checkpoint_of_every_row_and_exits_143(tmp_path
 def test_sigkill_then_the_same_command_completes_with_unique_train_steps(tmp_path):
   root = str(tmp_path / 'run')
   bindings = OVERLAP + ['train_eval.num_env_steps=2000', 'train_eval.log_interval=100']
-  cmd = [sys.executable, '-m', 'harness.train', f'--root_dir={root}',
-         f'--gin_file={CARTPOLE_GIN}'] + [f'--gin_bindings={b}' for b in bindings]
-  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.time() + 240
-  while not glob.glob(os.path.join(root, 'train', 'ckpt-*.index')) and time.time() < deadline:
-    assert proc.poll() is None, 'the run ended before its first checkpoint'
-    time.sleep(0.2)
-  time.sleep(1.0)  # after the first checkpoint, mid-run
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  assert proc.returncode == -signal.SIGKILL
+  sigkill_after_first_checkpoint(root, bindings, after_s=1.0)  # mid-run
   result = harness_train(root, bindings)
   assert result.returncode == 0, tail(result)
   rows = _metrics(root)

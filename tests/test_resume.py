@@ -4,17 +4,13 @@ import csv
 import glob
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from tf_agents.trajectories import time_step as ts
 
-from tests.cli import CARTPOLE_GIN, REPO, harness_train, tail
+from tests.cli import harness_train, sigkill_after_first_checkpoint, tail
 
 BASE = [
     'train_eval.initial_collect_steps=200',
@@ -148,17 +144,7 @@ def test_changed_replay_capacity_is_refused(resumed_run):
 def test_sigkill_after_first_checkpoint_then_same_command_completes(tmp_path):
   root = str(tmp_path / 'run')
   bindings = BASE + ['train_eval.num_env_steps=2500', 'train_eval.checkpoint_interval=500']
-  cmd = [sys.executable, '-m', 'harness.train', f'--root_dir={root}',
-         f'--gin_file={CARTPOLE_GIN}'] + [f'--gin_bindings={b}' for b in bindings]
-  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.time() + 240
-  while not glob.glob(os.path.join(root, 'train', 'ckpt-*.index')) and time.time() < deadline:
-    assert proc.poll() is None, 'the run ended before its first checkpoint'
-    time.sleep(0.2)
-  time.sleep(1.5)  # kill somewhere after the first checkpoint, mid-run
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  assert proc.returncode == -signal.SIGKILL
+  sigkill_after_first_checkpoint(root, bindings)  # somewhere mid-run
   result = harness_train(root, bindings)
   assert result.returncode == 0, tail(result)
   rows = _rows(os.path.join(root, 'metrics.csv'))
