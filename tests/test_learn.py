@@ -52,6 +52,24 @@ def test_train_and_policy_functions_trace_once(pieces):
   assert int(built.agent.train_step_counter.numpy()) >= 60
 
 
+def test_started_calls_run_while_the_caller_collects_and_finish_waits_for_them(pieces):
+  built, collector, dataset, _, _, _ = pieces
+  trainer = learn.Trainer(built, dataset, steps_per_call=2)
+  assert trainer.finish() is None  # nothing in flight
+  before = int(built.agent.train_step_counter.numpy())
+  trainer.start(3)
+  with pytest.raises(RuntimeError):
+    trainer()  # a plain call while started ones are in flight
+  with pytest.raises(RuntimeError):
+    trainer.start(1)
+  collector.run()  # the caller goes on meanwhile
+  loss = trainer.finish()
+  assert loss is not None and np.isfinite(loss)
+  assert int(built.agent.train_step_counter.numpy()) == before + 3 * 2
+  assert trainer.finish() is None
+  assert np.isfinite(trainer())  # plain calls work again
+
+
 def test_epsilon_follows_its_variables_without_a_retrace(pieces):
   built, collector, _, _, _, run_state = pieces
   schedule = built.epsilon

@@ -80,10 +80,10 @@ def run_single_process(cfg: RunConfig) -> None:
       run_state.set_env_steps(stats.env_steps)
       settle()
       calls = calls_due()
-      if calls and cfg.overlap_training:
+      if calls:
         trainer.start(calls)
-      for _ in range(0 if cfg.overlap_training else calls):
-        last_loss[0] = trainer()
+      if not cfg.overlap_training:
+        settle()  # serial: this iteration's steps end before the next collect
     return stats.env_steps
 
   def metrics_row(env_steps: int) -> dict:
