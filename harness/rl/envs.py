@@ -156,11 +156,35 @@ class GymnasiumPyEnvironment(py_environment.PyEnvironment):
 
 
 def _register_optional_envs(env_id: str) -> None:
-  """Registers the ALE namespace on demand (ale-py is imported lazily)."""
+  """Registers the ALE and MinAtar namespaces on demand (imported lazily: each
+  pulls in a package that most runs do not need)."""
   if env_id.startswith('ALE/'):
     import ale_py  # pylint: disable=g-import-not-at-top
     gym.register_envs(ale_py)
     quiet.quiet_ale()  # no banner on stderr for every new game
+  elif env_id.startswith('MinAtar/'):
+    from harness.rl import minatar  # pylint: disable=g-import-not-at-top
+    minatar.register()
+
+
+class BinaryAsUint8(gym.ObservationWrapper):
+  """Boolean observations (MinAtar's 10x10xC grids) as uint8 0/1.
+
+  Reverb and the conv layers want a numeric dtype, and uint8 keeps a stored
+  cell at one byte; the network casts it to 0.0/1.0 without the 1/255 scaling
+  that pixel frames get (`networks.q_network` scales by the spec's maximum).
+  """
+
+  def __init__(self, env: gym.Env):
+    super().__init__(env)
+    self.observation_space = gym.spaces.Box(0, 1, env.observation_space.shape, np.uint8)
+
+  def observation(self, observation: np.ndarray) -> np.ndarray:
+    return np.asarray(observation, dtype=np.uint8)
+
+
+def _is_binary(space: gym.Space) -> bool:
+  return isinstance(space, gym.spaces.Box) and np.dtype(space.dtype) == np.bool_
 
 
 def check_env_id(env_id: str) -> None:
@@ -184,8 +208,10 @@ def make_env(env_id: str = 'CartPole-v1',
   """Builds one environment.
 
   Args:
-    env_id: any registered gymnasium id, including `ALE/<Game>-v5` and ids
-      registered by a module that a gin file imports.
+    env_id: any registered gymnasium id, including `ALE/<Game>-v5`,
+      `MinAtar/<Game>-v0` / `-v1` (the `minatar` extra) and ids registered by a
+      module that a gin file imports. Boolean observations reach the agent as
+      uint8 0/1 (`BinaryAsUint8`).
     seed: seed of the first reset.
     make_kwargs: extra keyword arguments for `gymnasium.make`.
     wrappers: gymnasium wrappers (callables env -> env), innermost first.
@@ -204,6 +230,8 @@ def make_env(env_id: str = 'CartPole-v1',
         f'{env_id} has none: remove the binding')
   for wrap in wrappers:
     env = wrap(env)
+  if _is_binary(env.observation_space):
+    env = BinaryAsUint8(env)
   return GymnasiumPyEnvironment(env, env_id=env_id, seed=seed,
                                 life_loss_as_terminal=life_loss_as_terminal)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from absl import logging
 
@@ -36,6 +36,8 @@ class JobHooks:
     metrics_row: the metrics.csv row at an env-step count.
     save_checkpoint: a complete checkpoint (TF + Reverb pair, policies).
     episodes: training episodes so far (None where the job does not see them).
+    train_return_last100: mean return of the last 100 training episodes (None
+      where the job does not see them, or before the first).
     extra_triggers: job-specific interval actions (the learner's weight push).
     evaluate: whether this job evaluates (a distributed run may leave it to an eval job).
     settle: waits for work an iteration left in flight (gradient steps overlapped
@@ -46,6 +48,7 @@ class JobHooks:
   metrics_row: Callable[[int], dict]
   save_checkpoint: Callable[[], None]
   episodes: Callable[[], object]
+  train_return_last100: Callable[[], Optional[float]] = lambda: None
   extra_triggers: Sequence[triggers.IntervalTrigger] = ()
   evaluate: bool = True
   settle: Callable[[], None] = lambda: None
@@ -93,7 +96,8 @@ def train_to_target(cfg: RunConfig, reporter: Reporter, clock: checkpoints.WallC
     # Nothing new was trained (target already reached): still leave a complete run dir.
     save_checkpoint(env_steps)
   hooks.settle()
-  reporter.write_results(env_steps, hooks.episodes(), clock.total())
+  reporter.write_results(env_steps, hooks.episodes(), clock.total(),
+                         hooks.train_return_last100())
   logging.info('Done: env_steps %d, train_step %d', env_steps,
                int(reporter.train_step()))
   return env_steps

@@ -142,8 +142,13 @@ class Reporter:
     if self._tracker:
       self._tracker.video(env_steps, path)
 
-  def write_results(self, env_steps: int, episodes: int, wall_seconds: float) -> None:
+  def write_results(self, env_steps: int, episodes: int, wall_seconds: float,
+                    train_return_last100: Optional[float] = None) -> None:
     """Evaluates the final greedy policy and best_policy; writes ROOT/results.json.
+
+    `train_return_last100` (the mean return of the last 100 training episodes,
+    the protocol of MinAtar's and Dopamine's published curves) goes in beside
+    the greedy `final_return`; null where the job does not see the episodes.
 
     Both play `final_eval_episodes` episodes from the same seeded starts, with
     the evaluation epsilon of the run. Skipped when results.json already
@@ -169,6 +174,7 @@ class Reporter:
         'best_eval_return': float(self._parts.run_state.best_eval_return.numpy()),
         'env_steps': env_steps, 'train_step': train_step, 'wall_seconds': wall_seconds,
         'episodes': episodes, 'final_eval_episodes': episodes_each,
+        'train_return_last100': train_return_last100,
         'eval_epsilon': self._cfg.eval_epsilon, 'num_env_steps': self._cfg.num_env_steps}
     path = results.write_results(self._cfg.root_dir, values)
     if self._tracker:

@@ -110,6 +110,7 @@ def run_single_process(cfg: RunConfig) -> None:
   run_state.set_env_steps(stats.env_steps)
   hooks = loop.JobHooks(iteration=iteration, metrics_row=metrics_row,
                         save_checkpoint=save_checkpoint, episodes=lambda: stats.episodes,
+                        train_return_last100=stats.train_return_last100,
                         settle=settle)
   loop.train_to_target(cfg, reporter, clock, hooks, stats.env_steps)
   with quiet.native_stderr():

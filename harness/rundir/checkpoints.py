@@ -23,6 +23,7 @@ from harness.base.errors import UsageError
 from harness.rl import agents
 from harness.rl import replay
 from harness.rundir.metrics import EpisodeStats
+from harness.rundir.metrics import TRAIN_RETURN_WINDOW
 
 
 class RunState(tf.Module):
@@ -34,6 +35,10 @@ class RunState(tf.Module):
     self.episodes = tf.Variable(0, dtype=tf.int64, name='episodes')
     self.recent_returns = tf.Variable(
         np.full(window, np.nan, np.float32), name='recent_returns')
+    # A checkpoint from before this variable existed restores without it: the
+    # window then starts again at the resume.
+    self.last100_returns = tf.Variable(
+        np.full(TRAIN_RETURN_WINDOW, np.nan, np.float32), name='last100_returns')
     self.best_eval_return = tf.Variable(-np.inf, dtype=tf.float32, name='best_eval_return')
     # Priority that new items enter the prioritized table with: the max so far.
     self.max_priority = tf.Variable(1.0, dtype=tf.float32, name='max_priority')
@@ -55,18 +60,21 @@ class RunState(tf.Module):
   def save_stats(self, stats: EpisodeStats) -> None:
     self.set_env_steps(stats.env_steps)
     self.episodes.assign(stats.episodes)
-    window = self.recent_returns.shape[0]
-    values = np.full(window, np.nan, np.float32)
-    recent = list(stats.recent_returns)[-window:]
-    values[:len(recent)] = recent
-    self.recent_returns.assign(values)
+    for variable, returns in ((self.recent_returns, stats.recent_returns),
+                              (self.last100_returns, stats.last100_returns)):
+      window = variable.shape[0]
+      values = np.full(window, np.nan, np.float32)
+      recent = list(returns)[-window:]
+      values[:len(recent)] = recent
+      variable.assign(values)
 
   def load_stats(self, stats: EpisodeStats) -> None:
     stats.env_steps = int(self.env_steps.numpy())
     stats.episodes = int(self.episodes.numpy())
-    stats.recent_returns.clear()
-    stats.recent_returns.extend(
-        float(r) for r in self.recent_returns.numpy() if np.isfinite(r))
+    for variable, returns in ((self.recent_returns, stats.recent_returns),
+                              (self.last100_returns, stats.last100_returns)):
+      returns.clear()
+      returns.extend(float(r) for r in variable.numpy() if np.isfinite(r))
 
 
 @dataclasses.dataclass

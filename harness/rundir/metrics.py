@@ -94,6 +94,10 @@ def _format(value: object) -> object:
   return '' if value is None else value
 
 
+# Training episodes in `EpisodeStats.train_return_last100`.
+TRAIN_RETURN_WINDOW = 100
+
+
 class EpisodeStats:
   """Observer of (possibly batched) trajectories: env steps and episode returns.
 
@@ -108,6 +112,9 @@ class EpisodeStats:
     self._lengths = np.zeros(num_envs, np.int64)
     self.recent_returns = collections.deque(maxlen=window)
     self.recent_lengths = collections.deque(maxlen=window)
+    # MinAtar's (and Dopamine's) published curves: the mean return of the last
+    # 100 training episodes, results.json's `train_return_last100`.
+    self.last100_returns = collections.deque(maxlen=TRAIN_RETURN_WINDOW)
 
   def __call__(self, traj) -> None:
     reward = np.atleast_1d(traj.reward)
@@ -119,6 +126,7 @@ class EpisodeStats:
     self._lengths += not_boundary
     for i in np.flatnonzero(np.atleast_1d(traj.next_step_type) == _LAST):
       self.recent_returns.append(float(self._returns[i]))
+      self.last100_returns.append(float(self._returns[i]))
       self.recent_lengths.append(int(self._lengths[i]))
       self.episodes += 1
       self._returns[i] = 0.0
@@ -126,6 +134,10 @@ class EpisodeStats:
 
   def average_return(self) -> float:
     return float(np.mean(self.recent_returns)) if self.recent_returns else float('nan')
+
+  def train_return_last100(self) -> Optional[float]:
+    """Mean return of the last 100 training episodes (fewer early on); None before any."""
+    return float(np.mean(self.last100_returns)) if self.last100_returns else None
 
 
 class SummaryWriter:

@@ -24,6 +24,7 @@ REFUSED = {
     'make_agent.fc_layer_params': 'the Q-network shapes are in the checkpoint',
     'make_agent.conv_layer_params': 'the Q-network shapes are in the checkpoint',
     'make_agent.n_step_update': 'it changes the sequence length stored in the replay table',
+    'make_agent.optimizer': "the optimizer's slot variables are in the checkpoint",
     'train_eval.replay_capacity': ("Reverb restores the table's old max_size from its "
                                    'checkpoint and would ignore the new one'),
     'train_eval.prioritized_replay': "Reverb restores the table's old sampler from its checkpoint",

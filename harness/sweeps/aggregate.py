@@ -28,10 +28,13 @@ SUMMARY_FILE = 'summary.csv'
 SUMMARY_PNG = 'summary.png'
 STATUSES = ('done', 'failed', 'running', 'pending', 'stopped')
 # Columns after the swept bindings.
-TRIAL_COLUMNS = ('seed', 'status', 'final_return', 'best_policy_return', 'env_steps',
+TRIAL_COLUMNS = ('seed', 'status', 'final_return', 'best_policy_return', 'train_return_last100',
+                 'env_steps',
                  'wall_seconds', 'error', 'attempts', 'failures')
+# train_*: the mean return of each trial's last 100 training episodes, the
+# protocol of MinAtar's and Dopamine's published curves.
 SUMMARY_COLUMNS = ('n_seeds', 'iqm', 'ci_low', 'ci_high', 'mean', 'median', 'best_iqm',
-                   'best_ci_low', 'best_ci_high')
+                   'best_ci_low', 'best_ci_high', 'train_iqm', 'train_ci_low', 'train_ci_high')
 # rliable's default is 50,000 bootstrap replications: 16 s per estimate on this
 # machine, repeated every time a trial finishes. 2,000 take 0.7 s; the CI
 # bounds move by a few percent of their width at most.
@@ -182,13 +185,16 @@ def summarize(points: Sequence[Tuple[Dict[str, str], List[Dict[str, Any]]]],
     done = [t for t in trials if t.get('status') == 'done']
     finals = [number(t.get('final_return')) for t in done]
     bests = [number(t.get('best_policy_return')) for t in done]
+    trains = [number(t.get('train_return_last100')) for t in done]
     finite = [f for f in finals if math.isfinite(f)]
     iqm, low, high = iqm_ci(finals)
     best_iqm, best_low, best_high = iqm_ci(bests)
+    train_iqm, train_low, train_high = iqm_ci(trains)
     rows.append({**point, 'n_seeds': len(finite), 'iqm': iqm, 'ci_low': low, 'ci_high': high,
                  'mean': float(np.mean(finite)) if finite else math.nan,
                  'median': float(np.median(finite)) if finite else math.nan,
-                 'best_iqm': best_iqm, 'best_ci_low': best_low, 'best_ci_high': best_high})
+                 'best_iqm': best_iqm, 'best_ci_low': best_low, 'best_ci_high': best_high,
+                 'train_iqm': train_iqm, 'train_ci_low': train_low, 'train_ci_high': train_high})
   return rows
 
 
@@ -213,13 +219,14 @@ def format_table(rows: Sequence[Dict[str, Any]], swept: Sequence[str]) -> str:
   """The summary as an aligned text table (stdout and README)."""
   shorts = sweep_spec.short_names(list(swept))
   header = [shorts[n] for n in swept] + ['n_seeds', 'IQM final [95% CI]', 'mean', 'median',
-                                          'IQM best_policy [95% CI]']
+                                          'IQM best_policy [95% CI]', 'IQM train last 100 [95% CI]']
   lines = [header]
   for row in rows:
     lines.append([str(row.get(n, '')) for n in swept] + [
         str(row['n_seeds']), _estimate(row['iqm'], row['ci_low'], row['ci_high']),
         _num(row['mean']), _num(row['median']),
-        _estimate(row['best_iqm'], row['best_ci_low'], row['best_ci_high'])])
+        _estimate(row['best_iqm'], row['best_ci_low'], row['best_ci_high']),
+        _estimate(row['train_iqm'], row['train_ci_low'], row['train_ci_high'])])
   widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
   return '\n'.join('  '.join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
                    for line in lines)
@@ -228,13 +235,15 @@ def format_table(rows: Sequence[Dict[str, Any]], swept: Sequence[str]) -> str:
 def format_markdown(rows: Sequence[Dict[str, Any]], swept: Sequence[str]) -> str:
   shorts = sweep_spec.short_names(list(swept))
   header = [f'`{shorts[n]}`' for n in swept] + ['seeds', 'IQM final return [95% CI]', 'mean',
-                                                'median', 'IQM best_policy [95% CI]']
+                                                'median', 'IQM best_policy [95% CI]',
+                                                'IQM train last 100 [95% CI]']
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for row in rows:
     cells = [str(row.get(n, '')) for n in swept] + [
         str(row['n_seeds']), _estimate(row['iqm'], row['ci_low'], row['ci_high']),
         _num(row['mean']), _num(row['median']),
-        _estimate(row['best_iqm'], row['best_ci_low'], row['best_ci_high'])]
+        _estimate(row['best_iqm'], row['best_ci_low'], row['best_ci_high']),
+        _estimate(row['train_iqm'], row['train_ci_low'], row['train_ci_high'])]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 

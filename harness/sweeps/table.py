@@ -101,6 +101,7 @@ class TrialTable:
   def _set_results(self, row: Dict[str, Any], res: Dict[str, Any]) -> None:
     row.update(status='done', error='', final_return=res.get('final_return'),
                best_policy_return=res.get('best_policy_return'),
+               train_return_last100=res.get('train_return_last100'),
                env_steps=res.get('env_steps'))
 
   def to_run(self, row: Dict[str, Any]) -> bool:

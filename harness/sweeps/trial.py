@@ -303,6 +303,7 @@ class Child:
     return {'trial_id': self.spec.trial_id, 'status': self.status, 'error': self.error,
             'final_return': res.get('final_return'),
             'best_policy_return': res.get('best_policy_return'),
+            'train_return_last100': res.get('train_return_last100'),
             'env_steps': res.get('env_steps'),
             'wall_seconds': self.wall_seconds + (time.time() - self._started
                                                  if self._process is not None else 0.0),

@@ -18,6 +18,8 @@ from harness.rl.agents.schedules import LinearSchedule
 
 _LOSSES = {'huber': common.element_wise_huber_loss,
            'mse': common.element_wise_squared_loss}
+# `make_agent.optimizer` values.
+OPTIMIZERS = ('adam', 'rmsprop')
 
 
 @dataclasses.dataclass
@@ -26,7 +28,7 @@ class BuiltAgent:
 
   Attributes:
     agent: the tf-agents DdqnAgent.
-    optimizer: its Adam optimizer; `optimizer.learning_rate` is the live variable.
+    optimizer: its optimizer (Adam or centred RMSProp); `optimizer.learning_rate` is the live variable.
     epsilon: the collect epsilon schedule (variables, read inside the policy graph).
     learning_rate_schedule: the learning rate over env steps; the compiled
       train step copies it into the optimizer before each gradient step.
@@ -68,7 +70,9 @@ def check_settings(epsilon_greedy: float = 0.1, epsilon_start: float = 1.0,
                    epsilon_decay_steps: int = 0, learning_rate: float = 1e-3,
                    learning_rate_final: Optional[float] = None,
                    learning_rate_decay_steps: int = 0,
-                   n_step_update: int = 1, td_errors_loss_fn: str = 'huber') -> None:
+                   n_step_update: int = 1, td_errors_loss_fn: str = 'huber',
+                   optimizer: str = 'adam', rmsprop_rho: float = 0.95,
+                   rmsprop_epsilon: float = 1e-4) -> None:
   """The one home of the checks on `make_agent` values; raises `UsageError`.
 
   `harness-train` calls it with the bound values before anything is built, and
@@ -96,6 +100,14 @@ def check_settings(epsilon_greedy: float = 0.1, epsilon_start: float = 1.0,
   if td_errors_loss_fn not in _LOSSES:
     raise UsageError(f'make_agent.td_errors_loss_fn={td_errors_loss_fn!r} is unknown: '
                      f'use one of {sorted(_LOSSES)}')
+  if optimizer not in OPTIMIZERS:
+    raise UsageError(f'make_agent.optimizer={optimizer!r} is unknown: use one of '
+                     f'{list(OPTIMIZERS)}')
+  if not _is_number(rmsprop_rho) or not 0.0 < rmsprop_rho < 1.0:
+    raise UsageError(f'make_agent.rmsprop_rho={rmsprop_rho!r} must be in (0, 1), e.g. 0.95')
+  if not _is_number(rmsprop_epsilon) or rmsprop_epsilon <= 0:
+    raise UsageError(f'make_agent.rmsprop_epsilon={rmsprop_epsilon!r} must be a positive '
+                     'number, e.g. 1e-4')
 
 
 @gin.configurable
@@ -109,6 +121,9 @@ def make_agent(time_step_spec: ts.TimeStep,
                learning_rate_final: Optional[float] = None,
                learning_rate_decay_steps: int = 0,
                adam_epsilon: float = 1e-7,
+               optimizer: str = 'adam',
+               rmsprop_rho: float = 0.95,
+               rmsprop_epsilon: float = 1e-4,
                gamma: float = 0.99,
                n_step_update: int = 1,
                dueling: bool = False,
@@ -128,7 +143,13 @@ def make_agent(time_step_spec: ts.TimeStep,
     env_steps: the run's env-step counter; drives the epsilon decay.
     fc_layer_params: hidden layer sizes of the MLP (after the conv stack).
     conv_layer_params: (filters, kernel, stride) per conv layer, or None.
-    learning_rate, adam_epsilon: Adam settings.
+    learning_rate: the optimizer's learning rate (re-applied on resume).
+    adam_epsilon: Adam's epsilon.
+    optimizer: 'adam' (default) or 'rmsprop': centred RMSProp, as the MinAtar
+      paper trains (Keras adds `rmsprop_epsilon` under the square root, so 1e-4
+      here is about the paper's 0.01 outside it).
+    rmsprop_rho, rmsprop_epsilon: RMSProp's decay of the squared-gradient mean,
+      and its epsilon.
     learning_rate_final, learning_rate_decay_steps: the learning rate decays
       linearly from `learning_rate` to `learning_rate_final` over that many env
       steps (None or 0: constant).
@@ -148,7 +169,8 @@ def make_agent(time_step_spec: ts.TimeStep,
                  epsilon_decay_steps=epsilon_decay_steps, learning_rate=learning_rate,
                  learning_rate_final=learning_rate_final,
                  learning_rate_decay_steps=learning_rate_decay_steps,
-                 n_step_update=n_step_update, td_errors_loss_fn=td_errors_loss_fn)
+                 n_step_update=n_step_update, td_errors_loss_fn=td_errors_loss_fn,
+                 optimizer=optimizer, rmsprop_rho=rmsprop_rho, rmsprop_epsilon=rmsprop_epsilon)
 
   q_net = networks.q_network(time_step_spec.observation, action_spec, fc_layer_params,
                      conv_layer_params, dueling)
@@ -159,7 +181,11 @@ def make_agent(time_step_spec: ts.TimeStep,
   learning_rate_schedule = LinearSchedule(
       env_steps, learning_rate if constant else learning_rate_final,
       learning_rate, learning_rate_decay_steps, name='learning_rate_schedule')
-  optimizer = tf.keras.optimizers.Adam(learning_rate=learning_rate, epsilon=adam_epsilon)
+  if optimizer == 'rmsprop':
+    optimizer = tf.keras.optimizers.RMSprop(learning_rate=learning_rate, rho=rmsprop_rho,
+                                            epsilon=rmsprop_epsilon, centered=True)
+  else:
+    optimizer = tf.keras.optimizers.Adam(learning_rate=learning_rate, epsilon=adam_epsilon)
   agent = dqn_agent.DdqnAgent(
       time_step_spec,
       action_spec,
