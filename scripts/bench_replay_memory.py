@@ -8,6 +8,8 @@ after a warm-up, for the frame-once layout and then for naive whole-step
 storage (`replay.StepReplay`) in the same process.
 
   python scripts/bench_replay_memory.py --items=100000
+  python scripts/bench_replay_memory.py --gin_file=gin/ddqn_minatar.gin --noframe_once \
+      --gin_bindings="make_env.env_id='MinAtar/Seaquest-v0'"
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ _REPORTS = flags.DEFINE_integer('reports', 4, 'Progress lines per layout.')
 _GIN_FILE = flags.DEFINE_multi_string('gin_file', ['gin/ddqn_atari.gin'], 'Gin files.')
 _GIN_BINDINGS = flags.DEFINE_multi_string('gin_bindings', [], 'Gin bindings.')
 _NAIVE = flags.DEFINE_bool('naive', True, 'Also measure whole-step (naive) storage.')
+_FRAME_ONCE = flags.DEFINE_bool('frame_once', True, 'Measure the frame-once layout (stacked '
+                                'frames only; --noframe_once for MinAtar grids).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Env seed.')
 
 
@@ -83,10 +87,11 @@ def main(argv) -> None:
   agent, sequence_length = built.agent, built.sequence_length
   env_id = env.env_id
   env.close()
-  print(f'{env_id}, observation {env.observation_spec().shape} uint8, '
+  print(f'{env_id}, observation {env.observation_spec().shape} '
+        f'{env.observation_spec().dtype}, '
         f'items of {sequence_length} steps')
   layouts = [('frame-once', frame_replay.frame_replay(agent.collect_data_spec, sequence_length,
-                                                      enabled=True))]
+                                                      enabled=True))] if _FRAME_ONCE.value else []
   if _NAIVE.value:
     layouts.append(('naive', replay.StepReplay(agent.collect_data_spec, sequence_length)))
   results = {name: _fill(name, layout, agent, _ITEMS.value) for name, layout in layouts}

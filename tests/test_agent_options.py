@@ -86,3 +86,22 @@ def test_dueling_n_step_and_schedule_through_the_cli(tmp_path):
   assert {r['train_traces'] for r in rows} == {'1'}
   assert os.path.isfile(os.path.join(root, 'policies', 'greedy_policy', 'saved_model.pb'))
   assert os.path.isfile(os.path.join(root, 'results.json'))
+
+
+def test_rmsprop_is_centred_and_takes_the_scheduled_learning_rate():
+  built, _ = _built(optimizer='rmsprop', learning_rate=2.5e-4, rmsprop_rho=0.95,
+                    rmsprop_epsilon=1e-4)
+  assert isinstance(built.optimizer, tf.keras.optimizers.RMSprop)
+  config = built.optimizer.get_config()
+  assert config['centered'] and config['rho'] == pytest.approx(0.95)
+  assert config['epsilon'] == pytest.approx(1e-4)
+  built.update_learning_rate()
+  assert float(built.learning_rate.numpy()) == pytest.approx(2.5e-4)
+
+
+@pytest.mark.parametrize('binding', [{'optimizer': 'sgd'}, {'rmsprop_rho': 1.0},
+                                     {'rmsprop_epsilon': 0.0}])
+def test_bad_optimizer_settings_are_refused(binding):
+  from harness.base.errors import UsageError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UsageError, match=f'make_agent.{next(iter(binding))}='):
+    agents.check_settings(**binding)

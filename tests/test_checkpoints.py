@@ -109,3 +109,22 @@ def test_unreadable_replay_checkpoint_is_moved_aside_and_the_table_starts_empty(
   kept = str(tmp_path / 'replay-unreadable' / name)
   assert os.path.isfile(os.path.join(kept, 'DONE'))
   assert replay.newest_checkpoint(replay_dir) is None
+
+
+def test_the_last_100_training_returns_survive_a_checkpoint(tmp_path):
+  """results.json's train_return_last100 covers episodes from before a resume too."""
+  stats = metrics.EpisodeStats(num_envs=1)
+  assert stats.train_return_last100() is None
+  for episode in range(130):
+    stats.last100_returns.append(float(episode))
+    stats.recent_returns.append(float(episode))
+  state = checkpoints.RunState()
+  state.save_stats(stats)
+  checkpoint = tf.train.Checkpoint(run_state=state)
+  path = checkpoint.save(str(tmp_path / 'ckpt'))
+  restored = checkpoints.RunState()
+  tf.train.Checkpoint(run_state=restored).restore(path).assert_consumed()
+  again = metrics.EpisodeStats(num_envs=1)
+  restored.load_stats(again)
+  assert again.train_return_last100() == pytest.approx(np.mean(np.arange(30, 130)))
+  assert list(again.recent_returns) == [float(e) for e in range(120, 130)]

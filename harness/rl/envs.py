@@ -170,9 +170,9 @@ def _register_optional_envs(env_id: str) -> None:
 class BinaryAsUint8(gym.ObservationWrapper):
   """Boolean observations (MinAtar's 10x10xC grids) as uint8 0/1.
 
-  Reverb and the conv layers want a numeric dtype, and uint8 keeps a stored
-  cell at one byte; the network casts it to 0.0/1.0 without the 1/255 scaling
-  that pixel frames get (`networks.q_network` scales by the spec's maximum).
+  The conv layers want a numeric dtype; the network casts uint8 0/1 to 0.0/1.0
+  without the 1/255 scaling that pixel frames get (`networks.q_network` scales
+  by the spec's maximum).
   """
 
   def __init__(self, env: gym.Env):
