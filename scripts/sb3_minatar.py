@@ -25,10 +25,15 @@ get; use a venv of their own:
 import argparse
 import collections
 import json
+import os
+import sys
 import time
 
 import gymnasium as gym
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import zoo_reference  # pylint: disable=wrong-import-position  (the same greedy evaluation)
 
 GAMES = ('Asterix', 'Breakout', 'Freeway', 'Seaquest', 'SpaceInvaders')
 
@@ -85,21 +90,6 @@ def minatar_extractor():
   return MinAtarCNN
 
 
-def evaluate(model, game: str, version: int, episodes: int, seed: int) -> np.ndarray:
-  env = make_env(game, version, seed)
-  returns = []
-  for episode in range(episodes):
-    obs, _ = env.reset(seed=seed + episode)
-    done, total = False, 0.0
-    while not done:
-      action, _ = model.predict(obs, deterministic=True)
-      obs, reward, terminated, truncated, _ = env.step(int(action))
-      total += float(reward)
-      done = terminated or truncated
-    returns.append(total)
-  return np.asarray(returns)
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--game', choices=GAMES, required=True)
@@ -128,7 +118,8 @@ def main() -> None:
   model.learn(total_timesteps=args.frames)
   wall = time.time() - start
   last100 = collections.deque(env.get_episode_rewards(), maxlen=100)
-  returns = evaluate(model, args.game, args.version, args.episodes, seed=20_000 + args.seed)
+  returns = zoo_reference.evaluate(model, None, args.episodes, seed=20_000 + args.seed,
+                                   env=make_env(args.game, args.version, 20_000 + args.seed))
   print(json.dumps({
       'system': 'sb3', 'env_id': f'MinAtar/{args.game}-v{args.version}', 'seed': args.seed,
       'train_return_last100': float(np.mean(last100)) if last100 else None,

@@ -58,15 +58,17 @@ EVAL_PROTOCOL = {'CartPole-v1': (2500, 10), 'Acrobot-v1': (5000, 10),
                  'LunarLander-v3': (5000, 10), 'MountainCar-v0': (5000, 10)}
 
 
-def evaluate(model, task: str, episodes: int, seed: int) -> np.ndarray:
-  env = gym.make(task)
+def evaluate(model, task: str, episodes: int, seed: int, env=None) -> np.ndarray:
+  """Returns of `episodes` greedy episodes of `model` on `env` (default: gym.make(task)),
+  episode i reset with seed + i."""
+  env = env if env is not None else gym.make(task)
   returns = []
   for episode in range(episodes):
     obs, _ = env.reset(seed=seed + episode)
     done, total = False, 0.0
     while not done:
       action, _ = model.predict(obs, deterministic=True)
-      obs, reward, terminated, truncated, _ = env.step(action)
+      obs, reward, terminated, truncated, _ = env.step(int(action))
       total += float(reward)
       done = terminated or truncated
     returns.append(total)
