@@ -15,6 +15,7 @@ from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory
 
+from harness.base import host_calls
 from harness.rl import host_policy
 
 Observer = Callable[[object], None]
@@ -70,11 +71,12 @@ class CompiledPolicy(py_tf_eager_policy.PyTFEagerPolicy):
     the arguments in Python: 2x cheaper per call.
   - Only the observation crosses into TensorFlow; the step type, reward and
     discount are filled in inside the graph. In TF 2.15 on Python 3.11 every
-    EagerTensor made from Python keeps 40 bytes for good (one Python block per
-    tensor, measured), so a full TimeStep cost four tensors per call and the
-    collect loop grew ~1 MB per 10,000 Breakout steps; now one tensor goes in
-    and one (the action) comes out. The harness's Q policies are feed-forward
-    and read only the observation, which the constructor checks.
+    EagerTensor keeps ~48 bytes for good (one Python block per tensor,
+    measured), so a full TimeStep cost four tensors per call and the collect
+    loop grew ~1 MB per 10,000 Breakout steps. The observation goes in and the
+    action comes out as numpy through `host_calls.HostCall`: no tensor at all.
+    The harness's Q policies are feed-forward and read only the observation,
+    which the constructor checks.
   Actions come back as numpy arrays, as BatchedPyEnvironment wants them.
   """
 
@@ -86,8 +88,10 @@ class CompiledPolicy(py_tf_eager_policy.PyTFEagerPolicy):
     self._batch_size = env.batch_size if env.batched else 1
     observation_spec = tensor_spec.add_outer_dim(policy.time_step_spec.observation,
                                                  self._batch_size)
-    self._act = tf.function(self._act_on_observation, autograph=False)
-    self._concrete = self._act.get_concrete_function(observation_spec)
+    self._act = host_calls.HostCall(
+        lambda *flat: self._act_on_observation(tf.nest.pack_sequence_as(observation_spec,
+                                                                        list(flat))),
+        tf.nest.flatten(observation_spec), name='compiled_policy')
 
   def _act_on_observation(self, observation):
     spec = self._policy.time_step_spec
@@ -105,8 +109,7 @@ class CompiledPolicy(py_tf_eager_policy.PyTFEagerPolicy):
     observation = time_step.observation
     if not self._batched_env:
       observation = tf.nest.map_structure(lambda x: np.expand_dims(x, 0), observation)
-    step = self._concrete(observation)
-    step = tf.nest.map_structure(lambda t: t.numpy(), step)
+    step = self._act(*tf.nest.flatten(observation))
     if not self._batched_env:
       step = tf.nest.map_structure(lambda x: x[0], step)
     return step
@@ -116,7 +119,7 @@ class CompiledPolicy(py_tf_eager_policy.PyTFEagerPolicy):
 
   def trace_count(self) -> int:
     """How many times the action function has been traced (1 for a healthy run)."""
-    return int(self._act.experimental_get_tracing_count())
+    return self._act.trace_count()
 
 
 def py_policy_for(policy: tf_policy.TFPolicy, env: py_environment.PyEnvironment,

@@ -33,6 +33,7 @@ from tf_agents.policies import tf_policy
 from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import policy_step
 
+from harness.base import host_calls
 from harness.rl import agents
 
 _EXPLORATION_STREAM = 0x51DE  # any constant other than what gymnasium adds
@@ -83,10 +84,12 @@ class HostQPolicy(py_policy.PyPolicy):
     # One traced call reads every weight and the epsilon: eagerly, reading six
     # variables and computing the epsilon schedule took 2 ms per refresh here
     # (0.2 ms in one call), paid every 16 env steps on MountainCar.
-    self._read = tf.function(
+    # A HostCall hands them over as numpy: no EagerTensor per weight (each one
+    # leaks ~48 bytes in TF 2.15 on Python 3.11, and a refresh comes every
+    # iteration).
+    self._read = host_calls.HostCall(
         lambda: ([[v.read_value() for v in vs] for vs in variables],
-                 tf.cast((epsilon or zero)(), tf.float32)),
-        autograph=False).get_concrete_function()
+                 tf.cast((epsilon or zero)(), tf.float32)), name='host_policy_weights')
     self._batched = batched
     spec = policy.action_spec
     self._num_actions = int(spec.maximum) - int(spec.minimum) + 1
@@ -101,7 +104,7 @@ class HostQPolicy(py_policy.PyPolicy):
   def refresh(self) -> None:
     """Copies the network's current weights (and the epsilon) for the next steps."""
     weights, epsilon = self._read()
-    self._weights = [(kind, [w.numpy() for w in layer]) for kind, layer in zip(self._kinds, weights)]
+    self._weights = [(kind, list(layer)) for kind, layer in zip(self._kinds, weights)]
     self.epsilon = float(epsilon)
 
   def q_values(self, observation: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ import gin
 import reverb
 import tensorflow as tf
 
+from harness.base import host_calls
 from harness.rl import agents
 from harness.rl import nstep
 
@@ -100,10 +101,11 @@ class Trainer:
     self._iterator = iter(dataset)
     self._steps_per_call = steps_per_call
     self.priorities = priorities
-    # No autograph: converting tf-agents' and Keras' Python code for the loop
-    # body took 4.7 s of the first call (0.5 s without it; CartPole's whole
-    # run is about 35 s), and nothing in the body branches on a tensor.
-    self._train = tf.function(self._train_steps, autograph=False)
+    # Traced without autograph (HostCall): converting tf-agents' and Keras' Python
+    # code for the loop body took 4.7 s of the first call (0.5 s without it;
+    # CartPole's whole run is about 35 s), and nothing in the body branches on a
+    # tensor. The mean loss comes back as numpy, not as a (leaking) EagerTensor.
+    self._train = host_calls.HostCall(self._train_steps, name='train_steps')
     # Training runs on one thread of its own, so its short-lived tensors come
     # from that thread's malloc arena instead of being interleaved with the
     # long-lived replay chunks the collector builds on the main thread, which
@@ -160,4 +162,4 @@ class Trainer:
     return self._steps_per_call
 
   def trace_count(self) -> int:
-    return int(self._train.experimental_get_tracing_count())
+    return self._train.trace_count()

@@ -86,7 +86,7 @@ def run_single_process(cfg: RunConfig) -> None:
   def iteration() -> int:
     if priorities and iterations[0] % _PRIORITY_READ_ITERATIONS == 0:
       # New items enter with the highest priority given so far.
-      replay_observer.update_priority(float(run_state.max_priority.numpy()))
+      replay_observer.update_priority(run_state.max_priority_value())
     iterations[0] += 1
     with quiet.native_stderr():  # Reverb's writer and sampler lines
       # With overlap_training, the previous iteration's gradient steps run meanwhile.
