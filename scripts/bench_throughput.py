@@ -3,6 +3,8 @@
 Usage:
   python scripts/bench_throughput.py [--steps 20000] [--out_dir runs/bench]
   python scripts/bench_throughput.py --compare_prioritized [--gin_file F] [--steps N]
+  python scripts/bench_throughput.py --compare_agents [--gin_file F] [--rounds 5]
+      [--agents ddqn c51 qrdqn rainbow] [--gin_bindings ...]
 
 Both programs train DQN on CartPole-v1 with one gradient step per env step, batch
 64, MLP (100,), Adam 1e-3, a uniform Reverb table of 100,000:
@@ -16,6 +18,12 @@ prioritized replay (`train_eval.prioritized_replay=True`), with the same gin fil
 Start-up is excluded: the reference's rate comes from its own "steps/sec" log
 lines (timestamps of the first line after 10% of the run to the last), the
 harness's from metrics.csv rows (first row to last row).
+
+With --compare_agents: the gradient step of each agent (`make_agent.agent`) on the
+gin file's network, in one process: each agent's parts are built as harness-train
+builds them (its Reverb table filled by random steps), then the agents' compiled
+train calls run in turn for --rounds rounds, alternating, and the median ms per
+gradient step of each is printed beside DDQN's.
 """
 
 import argparse
@@ -83,6 +91,58 @@ def harness(steps: int, out_dir: str, gin_file: str, name: str = 'harness',
           'wall_s': total}
 
 
+def compare_agents(gin_file: str, bindings, agents, rounds: int, calls: int) -> None:
+  """Median ms per gradient step of each agent, alternating in one process."""
+  import statistics  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, REPO)
+  import gin  # pylint: disable=g-import-not-at-top
+  from harness.base import memory  # pylint: disable=g-import-not-at-top
+  from harness.rl import collect, learn, replay  # pylint: disable=g-import-not-at-top
+  from harness.run import experiment, parts as parts_lib  # pylint: disable=g-import-not-at-top
+  trainers = {}
+  for agent in agents:
+    gin.clear_config()
+    gin.parse_config_files_and_bindings([gin_file], list(bindings) + [
+        f"make_agent.agent='{agent}'"])
+    memory.configure_allocator()
+    cfg = experiment.settings_from_gin(root_dir=os.path.join('/tmp', 'bench_agents', agent))
+    env = parts_lib.make_collect_env(cfg, cfg.seed)
+    parts = parts_lib.build_agent(cfg, env)
+    layout = parts_lib.replay_layout(cfg, parts)
+    server = replay.start_server([parts_lib.make_replay_table(cfg, layout)], None)
+    observer = layout.make_observer(server.localhost_client(), cfg.num_envs)
+    collector = collect.Collector(env, parts.agent.collect_policy, [observer],
+                                  cfg.collect_steps_per_iteration)
+    collector.collect_random(max(cfg.initial_collect_steps, 2 * cfg.batch_size))
+    observer.flush()
+    address = f'localhost:{server.port}'
+    per = parts_lib.prioritized_settings(cfg)
+    priorities = per and learn.PriorityUpdater(per, address, replay.TABLE, parts.train_step,
+                                               parts.run_state.max_priority, layout.rows_per_item)
+    trainer = learn.Trainer(parts.built, layout.make_dataset(address, cfg.batch_size),
+                            cfg.train_steps_per_iteration, priorities)
+    trainer()  # the one trace
+    trainers[agent] = (trainer, server, parts.built.name, cfg)
+  times = {agent: [] for agent in agents}
+  for _ in range(rounds):
+    for agent, (trainer, _, _, _) in trainers.items():
+      start = time.perf_counter()
+      for _ in range(calls):
+        trainer()
+      times[agent].append((time.perf_counter() - start) / (calls * trainer.steps_per_call) * 1e3)
+  cfg = next(iter(trainers.values()))[3]
+  print(f'| agent ({os.path.basename(gin_file)}, batch {cfg.batch_size}) | ms per gradient step '
+        f'(median of {rounds}) | vs DDQN |')
+  print('|---|---|---|')
+  base = statistics.median(times[agents[0]])
+  for agent in agents:
+    median = statistics.median(times[agent])
+    print(f'| {agent} ({trainers[agent][2]}) | {median:.2f} '
+          f'({min(times[agent]):.2f}-{max(times[agent]):.2f}) | {median / base:.2f}x |')
+  for trainer, server, _, _ in trainers.values():
+    server.stop()
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps', type=int, default=20000)
@@ -91,7 +151,14 @@ def main() -> None:
   parser.add_argument('--compare_prioritized', action='store_true')
   parser.add_argument('--gin_bindings', nargs='*', default=[],
                       help='extra bindings for the harness runs (e.g. a small Atari table)')
+  parser.add_argument('--compare_agents', action='store_true')
+  parser.add_argument('--agents', nargs='*', default=['ddqn', 'c51', 'qrdqn', 'rainbow'])
+  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--calls', type=int, default=4, help='compiled train calls per reading')
   args = parser.parse_args()
+  if args.compare_agents:
+    compare_agents(args.gin_file, args.gin_bindings, args.agents, args.rounds, args.calls)
+    return
   os.makedirs(args.out_dir, exist_ok=True)
   if args.compare_prioritized:
     uniform = harness(args.steps, args.out_dir, args.gin_file, 'uniform', args.gin_bindings)

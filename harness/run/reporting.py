@@ -207,8 +207,9 @@ class Reporter:
 def describe_run(cfg: RunConfig, parts: AgentParts, env_id: str) -> str:
   """The start-up summary line: run directory, agent, environment, target."""
   built = parts.built
-  agent = 'DDQN'
-  options = [f'{built.n_step_update}-step targets'] if built.n_step_update > 1 else []
+  agent = built.name
+  options = list(built.features)
+  options += [f'{built.n_step_update}-step targets'] if built.n_step_update > 1 else []
   options += ['prioritized replay'] if cfg.prioritized_replay else []
   if options:
     agent += f' ({", ".join(options)})'

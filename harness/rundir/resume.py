@@ -25,6 +25,16 @@ REFUSED = {
     'make_agent.conv_layer_params': 'the Q-network shapes are in the checkpoint',
     'make_agent.n_step_update': 'it changes the sequence length stored in the replay table',
     'make_agent.optimizer': "the optimizer's slot variables are in the checkpoint",
+    'make_agent.agent': 'the checkpoint holds another agent and network',
+    'make_agent.dueling': 'the Q-network shapes are in the checkpoint',
+    'make_agent.num_atoms': 'the Q-network shapes are in the checkpoint',
+    'make_agent.num_quantiles': 'the Q-network shapes are in the checkpoint',
+    'make_agent.min_q_value': "the trained logits are of the old support's atoms",
+    'make_agent.max_q_value': "the trained logits are of the old support's atoms",
+    'make_agent.noisy': 'the Q-network layers (and their noise scales) are in the checkpoint',
+    'make_agent.noisy_sigma0': ('it only sets the initial noise scale; the learned scales are '
+                                'in the checkpoint'),
+    'make_env.env_id': 'the checkpoint and the replay table hold another environment',
     'train_eval.replay_capacity': ("Reverb restores the table's old max_size from its "
                                    'checkpoint and would ignore the new one'),
     'train_eval.prioritized_replay': "Reverb restores the table's old sampler from its checkpoint",
