@@ -96,7 +96,8 @@ def compare_agents(gin_file: str, bindings, agents, rounds: int, calls: int) -> 
   import statistics  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, REPO)
   import gin  # pylint: disable=g-import-not-at-top
-  from harness.base import memory  # pylint: disable=g-import-not-at-top
+  import harness.train  # pylint: disable=g-import-not-at-top,unused-import  (every configurable)
+  from harness.base import memory, threads  # pylint: disable=g-import-not-at-top
   from harness.rl import collect, learn, replay  # pylint: disable=g-import-not-at-top
   from harness.run import experiment, parts as parts_lib  # pylint: disable=g-import-not-at-top
   trainers = {}
@@ -105,6 +106,8 @@ def compare_agents(gin_file: str, bindings, agents, rounds: int, calls: int) -> 
     gin.parse_config_files_and_bindings([gin_file], list(bindings) + [
         f"make_agent.agent='{agent}'"])
     memory.configure_allocator()
+    if not trainers:
+      threads.configure_threads()  # once, before TensorFlow starts its pools
     cfg = experiment.settings_from_gin(root_dir=os.path.join('/tmp', 'bench_agents', agent))
     env = parts_lib.make_collect_env(cfg, cfg.seed)
     parts = parts_lib.build_agent(cfg, env)

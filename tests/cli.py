@@ -1,5 +1,6 @@
 """Helpers to run `harness-train` as a real subprocess in tests."""
 
+import csv
 import glob
 import os
 import signal
@@ -66,3 +67,37 @@ def sigkill_after_first_checkpoint(root_dir: str, bindings: Sequence[str],
 def tail(result: subprocess.CompletedProcess, chars: int = 3000) -> str:
   """The end of a finished run's log (stdout) and errors (stderr), for failure messages."""
   return (result.stdout[-chars:] + '\n--- stderr ---\n' + result.stderr[-chars:])
+
+
+def rows(path: str) -> List[dict]:
+  """The rows of a CSV file (metrics.csv, eval.csv) as dicts."""
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def snapshot(root: str) -> dict:
+  """{relative path: bytes} of every file under root: a refused launch must leave it equal."""
+  files = {}
+  for folder, _, names in os.walk(root):
+    for name in names:
+      path = os.path.join(folder, name)
+      with open(path, 'rb') as f:
+        files[os.path.relpath(path, root)] = f.read()
+  return files
+
+
+def assert_each_launch_ran_with_its_settings(metrics_path: str, rows_before: int,
+                                            first: tuple, second: tuple) -> List[dict]:
+  """The metrics rows of a resumed run: (epsilon, learning rate) `first` in the first
+  launch's rows, `second` in the resumed one's (read from the live variables), each
+  train_step once. Returns the rows."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  all_rows = rows(metrics_path)
+  old, new = all_rows[:rows_before], all_rows[rows_before:]
+  assert new, 'the resumed launch wrote no rows'
+  for launch_rows, (epsilon, learning_rate) in ((old, first), (new, second)):
+    assert all(float(r['epsilon']) == pytest.approx(epsilon) for r in launch_rows)
+    assert all(float(r['learning_rate']) == pytest.approx(learning_rate) for r in launch_rows)
+  steps = [int(r['train_step']) for r in all_rows]
+  assert steps == sorted(set(steps))
+  return all_rows

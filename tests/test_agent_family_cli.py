@@ -2,7 +2,6 @@
 with a new epsilon and learning rate applies them, a resume with another agent or network
 setting is refused with ROOT untouched, the exported policies play, bad bindings exit 2."""
 
-import csv
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tf_agents.trajectories import time_step as ts
 
-from tests.cli import REPO, harness_train, tail
+from tests.cli import REPO, assert_each_launch_ran_with_its_settings, harness_train, rows as _rows, snapshot as _snapshot, tail
 
 BASE = [
     'train_eval.initial_collect_steps=100',
@@ -42,21 +41,6 @@ AGENTS = {
 }
 
 
-def _rows(path):
-  with open(path, newline='') as f:
-    return list(csv.DictReader(f))
-
-
-def _snapshot(root):
-  files = {}
-  for folder, _, names in os.walk(root):
-    for name in names:
-      path = os.path.join(folder, name)
-      with open(path, 'rb') as f:
-        files[os.path.relpath(path, root)] = f.read()
-  return files
-
-
 def _disagreement(root, n=3000):
   """Fraction of random observations where the exported collect and greedy policies differ."""
   collect = tf.saved_model.load(os.path.join(root, 'policies', 'collect_policy'))
@@ -84,15 +68,9 @@ def resumed(request, tmp_path_factory):
 @pytest.mark.slow
 def test_resume_applies_the_new_epsilon_and_learning_rate(resumed):
   agent, _, root, rows_before, share_before = resumed
-  rows = _rows(os.path.join(root, 'metrics.csv'))
-  old, new = rows[:rows_before], rows[rows_before:]
-  assert new, 'the resumed launch wrote no rows'
-  assert all(float(r['epsilon']) == pytest.approx(0.9) for r in old)
-  assert all(float(r['learning_rate']) == pytest.approx(1e-3) for r in old)
-  assert all(float(r['epsilon']) == pytest.approx(0.1) for r in new)
-  assert all(float(r['learning_rate']) == pytest.approx(1e-4) for r in new)
-  steps = [int(r['train_step']) for r in rows]
-  assert steps == sorted(set(steps)) and int(new[-1]['env_steps']) == 800
+  rows = assert_each_launch_ran_with_its_settings(os.path.join(root, 'metrics.csv'), rows_before,
+                                                  (0.9, 1e-3), (0.1, 1e-4))
+  assert int(rows[-1]['env_steps']) == 800
   # One trace of the train step and of the policy in each launch.
   assert {r['train_traces'] for r in rows} == {'1'} and {r['policy_traces'] for r in rows} == {'1'}
   if agent == 'rainbow':

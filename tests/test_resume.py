@@ -1,6 +1,5 @@
 """Resuming with new bindings, refused changes, crash safety: real subprocesses."""
 
-import csv
 import glob
 import os
 import shutil
@@ -10,7 +9,8 @@ import pytest
 import tensorflow as tf
 from tf_agents.trajectories import time_step as ts
 
-from tests.cli import harness_train, sigkill_after_first_checkpoint, tail
+from tests.cli import (assert_each_launch_ran_with_its_settings, harness_train, rows as _rows,
+                       sigkill_after_first_checkpoint, snapshot as _snapshot, tail)
 
 BASE = [
     'train_eval.initial_collect_steps=200',
@@ -32,22 +32,6 @@ FIRST = BASE + ['make_agent.epsilon_greedy=0.9', 'make_agent.learning_rate=1e-3'
                 'train_eval.num_env_steps=2000']
 SECOND = BASE + ['make_agent.epsilon_greedy=0.1', 'make_agent.learning_rate=1e-4',
                  'train_eval.num_env_steps=3000']
-
-
-def _rows(path):
-  with open(path, newline='') as f:
-    return list(csv.DictReader(f))
-
-
-def _snapshot(root):
-  """{relative path: bytes} of every file under root."""
-  files = {}
-  for folder, _, names in os.walk(root):
-    for name in names:
-      path = os.path.join(folder, name)
-      with open(path, 'rb') as f:
-        files[os.path.relpath(path, root)] = f.read()
-  return files
 
 
 def _disagreement(collect_dir, greedy_dir, n=3000):
@@ -78,17 +62,11 @@ def resumed_run(tmp_path_factory):
 @pytest.mark.slow
 def test_new_epsilon_and_learning_rate_take_effect_after_resume(resumed_run):
   root, _, rows_before, _ = resumed_run
-  rows = _rows(os.path.join(root, 'metrics.csv'))
-  old, new = rows[:rows_before], rows[rows_before:]
-  assert new, 'the resumed launch wrote no rows'
-  assert all(float(r['epsilon']) == pytest.approx(0.9) for r in old)
-  assert all(float(r['learning_rate']) == pytest.approx(1e-3) for r in old)
-  assert all(float(r['epsilon']) == pytest.approx(0.1) for r in new)
-  assert all(float(r['learning_rate']) == pytest.approx(1e-4) for r in new)
+  rows = assert_each_launch_ran_with_its_settings(os.path.join(root, 'metrics.csv'), rows_before,
+                                                  (0.9, 1e-3), (0.1, 1e-4))
+  new = rows[rows_before:]
   assert int(new[0]['replay_size']) > 0
-  # train_step and env_steps continue; each train_step appears once.
-  steps = [int(r['train_step']) for r in rows]
-  assert steps == sorted(set(steps))
+  # train_step and env_steps continue (each train_step once: checked above).
   assert int(new[-1]['env_steps']) == 3000
 
 

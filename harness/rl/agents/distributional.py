@@ -94,6 +94,16 @@ class _DistributionalLoss:
       q_values = self._q_values(target_outputs)
     return tf.argmax(q_values, axis=-1, output_type=tf.int32)
 
+  def _outputs(self, time_steps, next_time_steps, training):
+    """The online network's [B, A, N] outputs at the first steps, the target
+    network's at the next steps, and the next action."""
+    outputs, _ = self._q_network(time_steps.observation, step_type=time_steps.step_type,
+                                 training=training)
+    target_outputs, _ = self._target_q_network(next_time_steps.observation,
+                                               step_type=next_time_steps.step_type,
+                                               training=False)
+    return outputs, target_outputs, self._next_action(next_time_steps, target_outputs)
+
   def _distribution_loss(self, time_steps, actions, next_time_steps, gamma,
                          reward_scale_factor, training) -> tf.Tensor:
     raise NotImplementedError
@@ -131,12 +141,7 @@ class C51Agent(_QValuesPolicies, _DistributionalLoss, categorical_dqn_agent.Cate
 
   def _distribution_loss(self, time_steps, actions, next_time_steps, gamma,
                          reward_scale_factor, training):
-    logits, _ = self._q_network(time_steps.observation, step_type=time_steps.step_type,
-                                training=training)
-    target_logits, _ = self._target_q_network(next_time_steps.observation,
-                                              step_type=next_time_steps.step_type,
-                                              training=False)
-    next_action = self._next_action(next_time_steps, target_logits)
+    logits, target_logits, next_action = self._outputs(time_steps, next_time_steps, training)
     next_probabilities = tf.nn.softmax(_at_action(target_logits, next_action))
     reward = reward_scale_factor * tf.cast(next_time_steps.reward, tf.float32)
     discount = gamma * tf.cast(next_time_steps.discount, tf.float32)
@@ -180,12 +185,8 @@ class QrDqnAgent(_QValuesPolicies, _DistributionalLoss, dqn_agent.DqnAgent):
 
   def _distribution_loss(self, time_steps, actions, next_time_steps, gamma,
                          reward_scale_factor, training):
-    quantiles, _ = self._q_network(time_steps.observation, step_type=time_steps.step_type,
-                                   training=training)
-    target_quantiles, _ = self._target_q_network(next_time_steps.observation,
-                                                 step_type=next_time_steps.step_type,
-                                                 training=False)
-    next_action = self._next_action(next_time_steps, target_quantiles)
+    quantiles, target_quantiles, next_action = self._outputs(time_steps, next_time_steps,
+                                                             training)
     reward = reward_scale_factor * tf.cast(next_time_steps.reward, tf.float32)
     discount = gamma * tf.cast(next_time_steps.discount, tf.float32)
     targets = tf.stop_gradient(reward[:, None] + discount[:, None]
