@@ -89,6 +89,19 @@ def test_c51_loss_matches_the_projection_computed_by_hand():
   assert float(loss.extra.td_error[0]) == pytest.approx(expected, rel=1e-5)
 
 
+def test_c51_projection_equals_tf_agents_projection_with_clipping_and_terminals():
+  rng = np.random.default_rng(0)
+  support = tf.constant(np.linspace(-10.0, 10.0, 51), tf.float32)
+  reward = rng.uniform(-15.0, 15.0, size=(64, 1)).astype(np.float32)  # some beyond the range
+  discount = rng.choice([0.0, 0.99], size=(64, 1)).astype(np.float32)  # terminals among them
+  target_support = tf.constant(reward + discount * support.numpy()[None, :])
+  probabilities = tf.nn.softmax(rng.normal(size=(64, 51)).astype(np.float32))
+  ours = distributional.project_onto_support(target_support, probabilities, support)
+  stock = categorical_dqn_agent.project_distribution(target_support, probabilities, support)
+  np.testing.assert_allclose(ours.numpy(), stock.numpy(), atol=1e-6)
+  np.testing.assert_allclose(ours.numpy().sum(axis=1), 1.0, atol=1e-5)
+
+
 def test_c51_takes_the_next_action_from_the_online_network_with_double_q():
   agent = _agent('c51', double_q=True)
   online_kernel = [0.0, 0.0, 5.0, 0.0, 0.0, 0.0]  # at s1 the online net prefers action 0

@@ -14,7 +14,9 @@ rewritten, because in tf-agents 0.19 that loss
   LAST -> FIRST row that every item-per-step replay holds; DqnAgent masks it),
 - picks the next action with the target network (no double-Q), and
 - only takes `Trajectory` batches, not the n-step transitions the harness makes.
-The projection onto the support is tf-agents' own (`project_distribution`).
+The projection onto the support is ours (`project_onto_support`): tf-agents'
+`project_distribution` gives the same values through some forty ops with
+reshapes and tiling, which made C51's CartPole gradient step 1.55x DDQN's.
 
 QR-DQN (Dabney et al. 2018) is ours: tf-agents 0.19 has none.
 """
@@ -129,6 +131,22 @@ def _at_action(values: tf.Tensor, actions: tf.Tensor) -> tf.Tensor:
   return tf.gather(values, actions, axis=1, batch_dims=1)
 
 
+def project_onto_support(target_support: tf.Tensor, probabilities: tf.Tensor,
+                         support: tf.Tensor) -> tf.Tensor:
+  """C51's projection: [B, N] atoms r + gamma z_j with [B, N] probabilities onto
+  the evenly spaced [N] `support` -> [B, N] probabilities.
+
+  Each target atom, clipped to the support's range, shares its probability
+  between the two support atoms beside it in proportion to closeness:
+  weight(i, j) = max(0, 1 - |clip(Tz_j) - z_i| / dz). One [B, N, N] product
+  (51 atoms, batch 32: 83k floats), where tf-agents' version tiles and reshapes.
+  """
+  spacing = (support[-1] - support[0]) / (support.shape[0] - 1)
+  clipped = tf.clip_by_value(target_support, support[0], support[-1])
+  closeness = 1.0 - tf.abs(clipped[:, None, :] - support[None, :, None]) / spacing
+  return tf.einsum('bij,bj->bi', tf.nn.relu(closeness), probabilities)
+
+
 class C51Agent(_QValuesPolicies, _DistributionalLoss, categorical_dqn_agent.CategoricalDqnAgent):
   """Categorical DQN with importance weights, priorities, masking and optional double-Q."""
 
@@ -146,8 +164,8 @@ class C51Agent(_QValuesPolicies, _DistributionalLoss, categorical_dqn_agent.Cate
     reward = reward_scale_factor * tf.cast(next_time_steps.reward, tf.float32)
     discount = gamma * tf.cast(next_time_steps.discount, tf.float32)
     target_support = reward[:, None] + discount[:, None] * self._support[None, :]
-    target = tf.stop_gradient(categorical_dqn_agent.project_distribution(
-        target_support, next_probabilities, self._support))
+    target = tf.stop_gradient(project_onto_support(target_support, next_probabilities,
+                                                   self._support))
     return tf.nn.softmax_cross_entropy_with_logits(labels=target,
                                                    logits=_at_action(logits, actions))
 
