@@ -62,8 +62,10 @@ def _layers_of(q_network) -> Optional[List[_Layer]]:
 
 
 def _is_plain_dense(layer, activation: str) -> bool:
+  # bfloat16 layers are left to the compiled policy: float32 numpy would act on
+  # slightly other Q-values than the graph the agent trains.
   return (type(layer) is tf.keras.layers.Dense  # pylint: disable=unidiomatic-typecheck
-          and layer.use_bias and layer.activation is getattr(tf.keras.activations, activation))
+          and layer.compute_dtype == 'float32' and layer.use_bias and layer.activation is getattr(tf.keras.activations, activation))
 
 
 class HostQPolicy(py_policy.PyPolicy):

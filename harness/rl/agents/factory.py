@@ -28,6 +28,8 @@ OPTIMIZERS = ('adam', 'rmsprop')
 # nets on; its n-step targets and prioritized replay are bindings of their own
 # (gin/rainbow_*.gin sets them).
 AGENTS = ('ddqn', 'c51', 'qrdqn', 'rainbow')
+# `make_agent.compute_dtype` values (networks.COMPUTE_DTYPES).
+COMPUTE_DTYPES = networks.COMPUTE_DTYPES
 # The collect epsilon when make_agent.epsilon_greedy is left unbound.
 DEFAULT_EPSILON = 0.1
 
@@ -146,13 +148,16 @@ def check_settings(epsilon_greedy: Optional[float] = None, epsilon_start: float 
                    num_atoms: int = 51, min_q_value: float = -10.0, max_q_value: float = 10.0,
                    num_quantiles: int = 200, noisy: Optional[bool] = None,
                    noisy_sigma0: float = DEFAULT_SIGMA0, double_q: bool = True,
-                   dueling: Optional[bool] = None) -> None:
+                   dueling: Optional[bool] = None, compute_dtype: str = 'float32') -> None:
   """The one home of the checks on `make_agent` values; raises `UsageError`.
 
   `harness-train` calls it with the bound values before anything is built, and
   `make_agent` calls it again with what it was given.
   """
   _check_layers(fc_layer_params, conv_layer_params)
+  if compute_dtype not in COMPUTE_DTYPES:
+    raise UsageError(f'make_agent.compute_dtype={compute_dtype!r} is unknown: use one of '
+                     f'{list(COMPUTE_DTYPES)}')
   _check_family(agent, num_atoms, min_q_value, max_q_value, num_quantiles, noisy, noisy_sigma0,
                 double_q, dueling)
   if not _is_number(gamma) or not 0.0 <= gamma <= 1.0:
@@ -240,7 +245,8 @@ def make_agent(time_step_spec: ts.TimeStep,
                reward_scale_factor: float = 1.0,
                epsilon_greedy: Optional[float] = None,
                epsilon_start: float = 1.0,
-               epsilon_decay_steps: int = 0) -> BuiltAgent:
+               epsilon_decay_steps: int = 0,
+               compute_dtype: str = 'float32') -> BuiltAgent:
   """Builds the run's agent; its collect epsilon and learning rate live in variables.
 
   Args:
@@ -284,6 +290,10 @@ def make_agent(time_step_spec: ts.TimeStep,
       0.1, or 0.0 with noisy nets (Rainbow included), which explore by their noise.
     epsilon_start, epsilon_decay_steps: linear decay over that many env steps;
       0 means a constant `epsilon_greedy`.
+    compute_dtype: 'float32' (default) or 'bfloat16': the conv layers and the
+      hidden (non-noisy) dense layers compute in bfloat16 with float32 weights;
+      the Q head, the targets and the loss stay float32. Checkpoints are the same
+      either way, so a resume may change it.
   """
   check_settings(epsilon_greedy=epsilon_greedy, epsilon_start=epsilon_start,
                  epsilon_decay_steps=epsilon_decay_steps, learning_rate=learning_rate,
@@ -297,7 +307,8 @@ def make_agent(time_step_spec: ts.TimeStep,
                  gradient_clipping=gradient_clipping, reward_scale_factor=reward_scale_factor,
                  agent=agent, num_atoms=num_atoms, min_q_value=min_q_value,
                  max_q_value=max_q_value, num_quantiles=num_quantiles, noisy=noisy,
-                 noisy_sigma0=noisy_sigma0, double_q=double_q, dueling=dueling)
+                 noisy_sigma0=noisy_sigma0, double_q=double_q, dueling=dueling,
+                 compute_dtype=compute_dtype)
   # Rainbow is C51 with these on; an explicit False turns one off (an ablation).
   rainbow = agent == 'rainbow'
   kind = 'c51' if rainbow else agent
@@ -307,9 +318,18 @@ def make_agent(time_step_spec: ts.TimeStep,
     epsilon_greedy = 0.0 if noisy else DEFAULT_EPSILON
   _warn_on_images_without_convolutions(time_step_spec.observation, conv_layer_params)
   atoms = {'c51': num_atoms, 'qrdqn': num_quantiles}.get(kind)
-  q_net = networks.q_network(time_step_spec.observation, action_spec, fc_layer_params,
-                             conv_layer_params, dueling, num_atoms=atoms,
-                             noisy_sigma0=noisy_sigma0 if noisy else None)
+  def network():
+    return networks.q_network(time_step_spec.observation, action_spec, fc_layer_params,
+                              conv_layer_params, dueling, num_atoms=atoms,
+                              noisy_sigma0=noisy_sigma0 if noisy else None,
+                              compute_dtype=compute_dtype)
+
+  q_net = network()
+  # tf-agents copies the online network into the target network from its config
+  # once it is built; that copy's bfloat16 layers get plain float32 kernels and
+  # fail in Conv2D, so a bfloat16 target is built fresh (initialize() copies the
+  # weights in, as it does for the copy).
+  target_net = network() if compute_dtype != 'float32' else None
   epsilon = LinearSchedule(env_steps, epsilon_greedy, epsilon_start, epsilon_decay_steps,
                            name='epsilon_schedule')
   # No final rate, or no decay steps: a constant rate (end == start).
@@ -328,20 +348,23 @@ def make_agent(time_step_spec: ts.TimeStep,
                      reward_scale_factor=reward_scale_factor,
                      gradient_clipping=gradient_clipping, train_step_counter=train_step)
   if kind == 'c51':
-    q_net.num_atoms = num_atoms  # what CategoricalDqnAgent checks for
+    for net in filter(None, (q_net, target_net)):
+      net.num_atoms = num_atoms  # what CategoricalDqnAgent checks for
     agent = distributional.C51Agent(time_step_spec, action_spec, categorical_q_network=q_net,
+                                    target_categorical_q_network=target_net,
                                     min_q_value=float(min_q_value),
                                     max_q_value=float(max_q_value), double_q=double_q,
                                     **common_args)
   elif kind == 'qrdqn':
     agent = distributional.QrDqnAgent(time_step_spec, action_spec, q_network=q_net,
+                                      target_q_network=target_net,
                                       num_quantiles=num_quantiles, double_q=double_q,
                                       **common_args)
   else:
     agent_class = {(True, False): dqn_agent.DdqnAgent, (False, False): dqn_agent.DqnAgent,
                    (True, True): distributional.NoisyDdqnAgent,
                    (False, True): distributional.NoisyDqnAgent}[(double_q, noisy)]
-    agent = agent_class(time_step_spec, action_spec, q_network=q_net,
+    agent = agent_class(time_step_spec, action_spec, q_network=q_net, target_q_network=target_net,
                         td_errors_loss_fn=_LOSSES[td_errors_loss_fn], **common_args)
   agent.initialize()
   # Create Adam's slot variables now: otherwise the first call of the compiled

@@ -17,6 +17,10 @@ from tf_agents.networks import sequential
 
 from harness.rl.agents.noisy import NoisyDense
 
+# `make_agent.compute_dtype` values: the dtype the conv and hidden dense layers
+# compute in (their weights stay float32; heads, targets and losses are float32).
+COMPUTE_DTYPES = ('float32', 'bfloat16')
+
 
 class DuelingHead(tf.keras.layers.Layer):
   """Q = V + A - mean(A): a value stream and an advantage stream (Wang et al., 2016).
@@ -99,13 +103,22 @@ class QHead(tf.keras.layers.Layer):
 
 
 def _dense(units: int, noisy_sigma0: Optional[float], activation: Optional[str],
-           head: bool = False) -> tf.keras.layers.Layer:
+           head: bool = False, dtype=None) -> tf.keras.layers.Layer:
   if noisy_sigma0 is not None:
     return NoisyDense(units, sigma0=noisy_sigma0, activation=activation)
   if head:
     return tf.keras.layers.Dense(units, activation=activation,
                                  kernel_initializer=_small_uniform())
-  return tf.keras.layers.Dense(units, activation=activation)
+  return tf.keras.layers.Dense(units, activation=activation, dtype=dtype)
+
+
+def _layer_policy(compute_dtype: str) -> Optional[tf.keras.mixed_precision.Policy]:
+  """The Keras dtype policy of the conv and hidden dense layers: None (float32)
+  or mixed_bfloat16 (bfloat16 math on float32 weights, which keeps checkpoints
+  and the optimizer's state in float32)."""
+  if compute_dtype not in COMPUTE_DTYPES:
+    raise ValueError(f'compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}')
+  return None if compute_dtype == 'float32' else tf.keras.mixed_precision.Policy('mixed_bfloat16')
 
 
 class QValuesNetwork(network.Network):
@@ -135,11 +148,16 @@ class QValuesNetwork(network.Network):
 def q_network(observation_spec, action_spec, fc_layer_params: Sequence[int],
               conv_layer_params: Optional[Sequence[Tuple[int, int, int]]],
               dueling: bool = False, num_atoms: Optional[int] = None,
-              noisy_sigma0: Optional[float] = None):
+              noisy_sigma0: Optional[float] = None, compute_dtype: str = 'float32'):
   """An MLP (or Nature-style CNN + MLP) with one output per action (and per atom
   or quantile when `num_atoms` is given); its dense layers noisy with `noisy_sigma0`.
+
+  With compute_dtype='bfloat16' the conv layers and the plain hidden dense layers
+  compute in bfloat16; the output layer (Keras casts its input back) and noisy
+  layers compute in float32, so Q-values, targets and losses are float32.
   """
   num_actions = int(action_spec.maximum - action_spec.minimum + 1)
+  policy = _layer_policy(compute_dtype)
   layers = []
   if observation_spec.dtype == tf.uint8:
     # uint8 observations keep the replay small; the network casts them to
@@ -147,17 +165,19 @@ def q_network(observation_spec, action_spec, fc_layer_params: Sequence[int],
     # 1/255, binary grids (MinAtar, 0/1) reach the first layer as 0.0 / 1.0.
     layers.append(_ScaleByMaximum(_uint8_maximum(observation_spec)))
   for filters, kernel, stride in conv_layer_params or ():
-    layers.append(tf.keras.layers.Conv2D(filters, kernel, stride, activation='relu'))
+    layers.append(tf.keras.layers.Conv2D(filters, kernel, stride, activation='relu',
+                                         dtype=policy))
   if len(observation_spec.shape) > 1 or conv_layer_params:
-    layers.append(tf.keras.layers.Flatten())
+    # In the layers' dtype, so bfloat16 features are not cast to float32 and back.
+    layers.append(tf.keras.layers.Flatten(dtype=policy))
   if num_atoms is not None or noisy_sigma0 is not None:
     for units in fc_layer_params:
-      layers.append(_dense(units, noisy_sigma0, 'relu'))
+      layers.append(_dense(units, noisy_sigma0, 'relu', dtype=policy))
     layers.append(QHead(num_actions, num_atoms, dueling, noisy_sigma0))
     return sequential.Sequential(layers, input_spec=observation_spec, name='QNetwork')
   # DDQN without noise: the layers the numpy host policy computes (harness.rl.host_policy).
   for units in fc_layer_params:
-    layers.append(tf.keras.layers.Dense(units, activation='relu'))
+    layers.append(tf.keras.layers.Dense(units, activation='relu', dtype=policy))
   if dueling:
     layers.append(DuelingHead(num_actions))
   else:
