@@ -25,10 +25,10 @@ from absl import flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_PAIRS = flags.DEFINE_integer('pairs', 3, 'Runs of each setting, alternating.')
-_STEPS = flags.DEFINE_integer('steps', 8000, 'Agent steps of each run.')
-_INITIAL = flags.DEFINE_integer('initial_collect_steps', 2000, 'Random steps first.')
-_CAPACITY = flags.DEFINE_integer('replay_capacity', 20_000, 'Replay table size.')
+PAIRS = flags.DEFINE_integer('pairs', 3, 'Runs of each setting, alternating.')
+STEPS = flags.DEFINE_integer('steps', 8000, 'Agent steps of each run.')
+INITIAL = flags.DEFINE_integer('initial_collect_steps', 2000, 'Random steps first.')
+CAPACITY = flags.DEFINE_integer('replay_capacity', 20_000, 'Replay table size.')
 _GIN_FILE = flags.DEFINE_string('gin_file', os.path.join(REPO, 'gin', 'ddqn_atari.gin'),
                                 'The gin file of the runs.')
 _GIN_BINDINGS = flags.DEFINE_multi_string('gin_bindings', [], 'Extra bindings of every run.')
@@ -47,9 +47,9 @@ def _rate(rows: Sequence[Dict[str, str]], initial: int) -> float:
 def run_once(setting: str, out_dir: str) -> float:
   root = os.path.join(out_dir, setting)
   shutil.rmtree(root, ignore_errors=True)
-  bindings = [f'train_eval.num_env_steps={_STEPS.value}',
-              f'train_eval.initial_collect_steps={_INITIAL.value}',
-              f'train_eval.replay_capacity={_CAPACITY.value}',
+  bindings = [f'train_eval.num_env_steps={STEPS.value}',
+              f'train_eval.initial_collect_steps={INITIAL.value}',
+              f'train_eval.replay_capacity={CAPACITY.value}',
               'train_eval.log_interval=500', 'train_eval.eval_interval=1000000',
               'train_eval.checkpoint_interval=1000000', 'train_eval.final_eval_episodes=1',
               _SETTINGS[setting], *_GIN_BINDINGS.value]
@@ -57,7 +57,7 @@ def run_once(setting: str, out_dir: str) -> float:
          f'--gin_file={_GIN_FILE.value}'] + [f'--gin_bindings={b}' for b in bindings]
   subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
   with open(os.path.join(root, 'metrics.csv'), newline='') as f:
-    return _rate(list(csv.DictReader(f)), _INITIAL.value)
+    return _rate(list(csv.DictReader(f)), INITIAL.value)
 
 
 def main(argv: List[str]) -> None:
@@ -65,7 +65,7 @@ def main(argv: List[str]) -> None:
   out_dir = tempfile.mkdtemp(prefix='bench-overlap-')
   rates: Dict[str, List[float]] = {name: [] for name in _SETTINGS}
   try:
-    for pair in range(_PAIRS.value):
+    for pair in range(PAIRS.value):
       for setting in _SETTINGS:
         rates[setting].append(run_once(setting, out_dir))
         print(f'pair {pair + 1} {setting}: {rates[setting][-1]:.1f} agent steps/s', flush=True)

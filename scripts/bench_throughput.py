@@ -5,6 +5,8 @@ Usage:
   python scripts/bench_throughput.py --compare_prioritized [--gin_file F] [--steps N]
   python scripts/bench_throughput.py --compare_agents [--gin_file F] [--rounds 5]
       [--agents ddqn c51 qrdqn rainbow] [--gin_bindings ...]
+  python scripts/bench_throughput.py --compare_dtypes --gin_file=gin/ddqn_atari.gin \
+      --agents ddqn [--gin_bindings ...]
 
 Both programs train DQN on CartPole-v1 with one gradient step per env step, batch
 64, MLP (100,), Adam 1e-3, a uniform Reverb table of 100,000:
@@ -23,7 +25,9 @@ With --compare_agents: the gradient step of each agent (`make_agent.agent`) on t
 gin file's network, in one process: each agent's parts are built as harness-train
 builds them (its Reverb table filled by random steps), then the agents' compiled
 train calls run in turn for --rounds rounds, alternating, and the median ms per
-gradient step of each is printed beside DDQN's.
+gradient step of each is printed beside DDQN's. --compare_dtypes does the same for
+each agent in float32 and in bfloat16 (`make_agent.compute_dtype`), each bfloat16
+row against its float32 row.
 """
 
 import argparse
@@ -35,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Dict, List, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STEP_LINE = re.compile(r'^I(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*Step: (\d+), ([\d.]+) steps/sec')
@@ -91,8 +96,12 @@ def harness(steps: int, out_dir: str, gin_file: str, name: str = 'harness',
           'wall_s': total}
 
 
-def compare_agents(gin_file: str, bindings, agents, rounds: int, calls: int) -> None:
-  """Median ms per gradient step of each agent, alternating in one process."""
+def compare(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]], rounds: int,
+            calls: int) -> None:
+  """Median ms per gradient step of each variant, alternating in one process.
+
+  `variants`: label -> (the label it is compared with, its extra bindings).
+  """
   import statistics  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, REPO)
   import gin  # pylint: disable=g-import-not-at-top
@@ -101,14 +110,13 @@ def compare_agents(gin_file: str, bindings, agents, rounds: int, calls: int) -> 
   from harness.rl import collect, learn, replay  # pylint: disable=g-import-not-at-top
   from harness.run import experiment, parts as parts_lib  # pylint: disable=g-import-not-at-top
   trainers = {}
-  for agent in agents:
+  for label, (_, extra) in variants.items():
     gin.clear_config()
-    gin.parse_config_files_and_bindings([gin_file], list(bindings) + [
-        f"make_agent.agent='{agent}'"])
+    gin.parse_config_files_and_bindings([gin_file], list(bindings) + list(extra))
     memory.configure_allocator()
     if not trainers:
       threads.configure_threads()  # once, before TensorFlow starts its pools
-    cfg = experiment.settings_from_gin(root_dir=os.path.join('/tmp', 'bench_agents', agent))
+    cfg = experiment.settings_from_gin(root_dir=os.path.join('/tmp', 'bench_agents', label))
     env = parts_lib.make_collect_env(cfg, cfg.seed)
     parts = parts_lib.build_agent(cfg, env)
     layout = parts_lib.replay_layout(cfg, parts)
@@ -125,23 +133,23 @@ def compare_agents(gin_file: str, bindings, agents, rounds: int, calls: int) -> 
     trainer = learn.Trainer(parts.built, layout.make_dataset(address, cfg.batch_size),
                             cfg.train_steps_per_iteration, priorities)
     trainer()  # the one trace
-    trainers[agent] = (trainer, server, parts.built.name, cfg)
-  times = {agent: [] for agent in agents}
+    trainers[label] = (trainer, server, parts.built.name, cfg)
+  times = {label: [] for label in variants}
   for _ in range(rounds):
-    for agent, (trainer, _, _, _) in trainers.items():
+    for label, (trainer, _, _, _) in trainers.items():
       start = time.perf_counter()
       for _ in range(calls):
         trainer()
-      times[agent].append((time.perf_counter() - start) / (calls * trainer.steps_per_call) * 1e3)
+      times[label].append((time.perf_counter() - start) / (calls * trainer.steps_per_call) * 1e3)
   cfg = next(iter(trainers.values()))[3]
-  print(f'| agent ({os.path.basename(gin_file)}, batch {cfg.batch_size}) | ms per gradient step '
-        f'(median of {rounds}) | vs DDQN |')
-  print('|---|---|---|')
-  base = statistics.median(times[agents[0]])
-  for agent in agents:
-    median = statistics.median(times[agent])
-    print(f'| {agent} ({trainers[agent][2]}) | {median:.2f} '
-          f'({min(times[agent]):.2f}-{max(times[agent]):.2f}) | {median / base:.2f}x |')
+  print(f'| variant ({os.path.basename(gin_file)}, batch {cfg.batch_size}) | ms per gradient step '
+        f'(median of {rounds}) | ratio | against |')
+  print('|---|---|---|---|')
+  for label, (base, _) in variants.items():
+    median = statistics.median(times[label])
+    print(f'| {label} ({trainers[label][2]}) | {median:.2f} '
+          f'({min(times[label]):.2f}-{max(times[label]):.2f}) | '
+          f'{median / statistics.median(times[base]):.2f}x | {base} |')
   for trainer, server, _, _ in trainers.values():
     server.stop()
 
@@ -154,13 +162,24 @@ def main() -> None:
   parser.add_argument('--compare_prioritized', action='store_true')
   parser.add_argument('--gin_bindings', nargs='*', default=[],
                       help='extra bindings for the harness runs (e.g. a small Atari table)')
-  parser.add_argument('--compare_agents', action='store_true')
+  parser.add_argument('--compare_agents', action='store_true',
+                      help='ms per gradient step of each of --agents against the first')
+  parser.add_argument('--compare_dtypes', action='store_true',
+                      help='ms per gradient step of each of --agents in bfloat16 against float32')
   parser.add_argument('--agents', nargs='*', default=['ddqn', 'c51', 'qrdqn', 'rainbow'])
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--calls', type=int, default=4, help='compiled train calls per reading')
   args = parser.parse_args()
-  if args.compare_agents:
-    compare_agents(args.gin_file, args.gin_bindings, args.agents, args.rounds, args.calls)
+  if args.compare_agents or args.compare_dtypes:
+    dtypes = ('float32', 'bfloat16') if args.compare_dtypes else (None,)
+    variants = {}
+    for agent in args.agents:
+      for dtype in dtypes:
+        base = f'{agent} float32' if args.compare_dtypes else args.agents[0]
+        label = f'{agent} {dtype}' if dtype else agent
+        variants[label] = (base, [f"make_agent.agent='{agent}'"] +
+                           ([f"make_agent.compute_dtype='{dtype}'"] if dtype else []))
+    compare(args.gin_file, args.gin_bindings, variants, args.rounds, args.calls)
     return
   os.makedirs(args.out_dir, exist_ok=True)
   if args.compare_prioritized:

@@ -9,6 +9,8 @@ train and policy functions (target: constant). With --eval_interval or
 
   python scripts/soak.py --steps=100000
   python scripts/soak.py --steps=120000 --eval_interval=10000 --checkpoint_interval=10000
+  python scripts/soak.py --steps=300000 --last_steps=200000 --eval_interval=10000 \
+      --checkpoint_interval=10000 --gin_bindings=train_eval.prioritized_replay=True
   python scripts/soak.py --gin_bindings="make_env.env_id='ALE/Pong-v5'"
 """
 
@@ -51,6 +53,8 @@ _GIN_BINDINGS = flags.DEFINE_multi_string('gin_bindings', [], 'Extra bindings (t
 _ROOT_DIR = flags.DEFINE_string('root_dir', None, 'Run directory (default: a temporary one, '
                                 'deleted afterwards).')
 _MAX_SLOPE = flags.DEFINE_float('max_slope_mb', 1.0, 'Target: MB of RSS per 10,000 steps.')
+_LAST_STEPS = flags.DEFINE_integer('last_steps', None, 'Also report the slopes over the last '
+                                   'this many env steps (the 300,000-step run: 200,000).')
 _SAMPLE_INTERVAL = flags.DEFINE_float('sample_interval', 0.5, 'Seconds between RSS samples '
                                       'of the run read from outside (/proc).')
 
@@ -177,6 +181,11 @@ def report(metrics_csv: str, capacity: int, max_slope: float,
   print(f'RSS after the table is full: {rss[0]:.0f} -> {rss[-1]:.0f} MiB over env steps '
         f'{steps[0]:.0f}..{steps[-1]:.0f}; slope {slope:+.2f} MB per 10,000 steps, '
         f'{tail:+.2f} over the later half from step {steps[half]:.0f} (target < {max_slope})')
+  last_from = steps[-1] - _LAST_STEPS.value if _LAST_STEPS.value else None
+  if last_from is not None:
+    last = steps >= last_from
+    print(f'slope by rows over the last {_LAST_STEPS.value:,} steps (from step {last_from:.0f}): '
+          f'{np.polyfit(steps[last], rss[last], 1)[0] * 10_000:+.2f} MB per 10,000 steps')
   changes = event_cost(full, event_intervals)
   if changes:
     print(f'RSS change across each evaluation + checkpoint: mean {np.mean(changes):+.2f} MiB '
@@ -188,6 +197,10 @@ def report(metrics_csv: str, capacity: int, max_slope: float,
     print(f'RSS sampled from outside every {_SAMPLE_INTERVAL.value:g} s after the table is full: '
           f'{first:.0f} -> {last:.0f} MiB over {used} samples; slope {outside:+.2f} MB per '
           f'10,000 steps, {half_outside:+.2f} over the later half')
+    if last_from is not None:
+      last_outside, *_ = outside_slope(samples, rows, last_from)
+      print(f'slope from outside over the last {_LAST_STEPS.value:,} steps: '
+            f'{last_outside:+.2f} MB per 10,000 steps')
     slope = max(slope, outside)
   return ok and slope < max_slope
 
