@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
-from typing import Dict, List
+from typing import List
 
 from absl import app
 from absl import flags
@@ -47,20 +44,9 @@ def main(argv: List[str]) -> None:
   del argv
   flags.FLAGS.gin_bindings = [f"make_env.env_id='ALE/{_GAME.value}-v5'",
                               *flags.FLAGS.gin_bindings]
-  out_dir = tempfile.mkdtemp(prefix='bench-atari-sb3-')
-  rates: Dict[str, List[float]] = {'harness': [], 'sb3': []}
-  try:
-    for pair in range(bench_overlap.PAIRS.value):
-      rates['harness'].append(bench_overlap.run_once('overlap', out_dir))
-      print(f'pair {pair + 1} harness: {rates["harness"][-1]:.1f} agent steps/s', flush=True)
-      rates['sb3'].append(sb3_rate(_SB3_PYTHON.value))
-      print(f'pair {pair + 1} sb3: {rates["sb3"][-1]:.1f} agent steps/s', flush=True)
-  finally:
-    shutil.rmtree(out_dir, ignore_errors=True)
-  medians = {name: statistics.median(values) for name, values in rates.items()}
-  for name, median in medians.items():
-    print(f'{_GAME.value} {name}: median {median:.1f} agent steps/s over {len(rates[name])} '
-          f'runs ({", ".join(f"{v:.1f}" for v in rates[name])})')
+  medians = bench_overlap.alternate(
+      {'harness': lambda out_dir: bench_overlap.run_once('overlap', out_dir),
+       'sb3': lambda _: sb3_rate(_SB3_PYTHON.value)}, label=f'{_GAME.value} ')
   print(f"{_GAME.value} harness / SB3: {medians['harness'] / medians['sb3']:.2f}x "
         '(target >= 1.75x)')
 

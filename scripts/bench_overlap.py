@@ -12,13 +12,14 @@ random steps are left out. Prints each run and the median of each setting.
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 from absl import app
 from absl import flags
@@ -60,21 +61,31 @@ def run_once(setting: str, out_dir: str) -> float:
     return _rate(list(csv.DictReader(f)), INITIAL.value)
 
 
-def main(argv: List[str]) -> None:
-  del argv
-  out_dir = tempfile.mkdtemp(prefix='bench-overlap-')
-  rates: Dict[str, List[float]] = {name: [] for name in _SETTINGS}
+def alternate(runners: Dict[str, Callable[[str], float]], label: str = '') -> Dict[str, float]:
+  """Runs each runner in turn (one run at a time) for --pairs pairs, printing every
+  run's agent steps/s and each runner's median; returns the medians.
+
+  A runner gets a scratch directory and returns the agent steps/s of its run.
+  """
+  out_dir = tempfile.mkdtemp(prefix='bench-')
+  rates: Dict[str, List[float]] = {name: [] for name in runners}
   try:
     for pair in range(PAIRS.value):
-      for setting in _SETTINGS:
-        rates[setting].append(run_once(setting, out_dir))
-        print(f'pair {pair + 1} {setting}: {rates[setting][-1]:.1f} agent steps/s', flush=True)
+      for name, runner in runners.items():
+        rates[name].append(runner(out_dir))
+        print(f'pair {pair + 1} {name}: {rates[name][-1]:.1f} agent steps/s', flush=True)
   finally:
     shutil.rmtree(out_dir, ignore_errors=True)
   medians = {name: statistics.median(values) for name, values in rates.items()}
   for name, median in medians.items():
-    print(f'{name}: median {median:.1f} agent steps/s over {len(rates[name])} runs '
+    print(f'{label}{name}: median {median:.1f} agent steps/s over {len(rates[name])} runs '
           f'({", ".join(f"{v:.1f}" for v in rates[name])})')
+  return medians
+
+
+def main(argv: List[str]) -> None:
+  del argv
+  medians = alternate({name: functools.partial(run_once, name) for name in _SETTINGS})
   print(f"overlap / serial: {medians['overlap'] / medians['serial']:.2f}x")
 
 
