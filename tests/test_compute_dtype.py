@@ -1,5 +1,7 @@
 """make_agent.compute_dtype: bfloat16 conv and hidden layers, float32 weights, heads and losses."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -94,3 +96,17 @@ def test_an_exported_bfloat16_greedy_policy_acts_as_the_agent_does(tmp_path):
   step = ts.restart(_observations(), batch_size=8)
   np.testing.assert_array_equal(loaded.action(step).action.numpy(),
                                 agent.policy.action(step).action.numpy())
+
+
+@pytest.mark.slow
+def test_a_float32_run_resumes_in_bfloat16_to_its_target(tmp_path):
+  from tests import cli  # pylint: disable=g-import-not-at-top
+  root = str(tmp_path / 'root')
+  first = cli.harness_train(root, cli.TINY_BINDINGS)
+  assert first.returncode == 0, cli.tail(first)
+  second = cli.harness_train(root, cli.TINY_BINDINGS + [
+      'train_eval.num_env_steps=900', "make_agent.compute_dtype='bfloat16'"])
+  assert second.returncode == 0, cli.tail(second)
+  assert any(
+      name.startswith('resume-') for name in os.listdir(os.path.join(root, 'config')))
+  assert int(cli.rows(f'{root}/metrics.csv')[-1]['env_steps']) >= 900
