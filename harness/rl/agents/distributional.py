@@ -210,8 +210,8 @@ def quantile_huber_loss(quantiles: tf.Tensor, targets: tf.Tensor,
   targets = tf.stop_gradient(targets)
 
   @tf.custom_gradient
-  def loss(quantiles):
-    u = targets[:, None, :] - quantiles[:, :, None]  # [B, N, N']
+  def loss(predicted):
+    u = targets[:, None, :] - predicted[:, :, None]  # [B, N, N']
     abs_u = tf.abs(u)
     capped = tf.minimum(abs_u, kappa)
     huber = capped * (abs_u - 0.5 * capped)  # 0.5 u^2 inside kappa, linear outside
