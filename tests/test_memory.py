@@ -58,7 +58,7 @@ _MMAPPED_256K_BLOCKS = textwrap.dedent("""
     import gin
     from harness.base import memory
     gin.parse_config(sys.argv[1])
-    assert memory.configure_allocator()
+    assert memory.configure_allocator() == ('None' not in sys.argv[1])
     class MallInfo2(ctypes.Structure):
       _fields_ = [(n, ctypes.c_size_t) for n in ('arena', 'ordblks', 'smblks', 'hblks',
                   'hblkhd', 'usmblks', 'fsmblks', 'uordblks', 'fordblks', 'keepcost')]
@@ -72,7 +72,9 @@ _MMAPPED_256K_BLOCKS = textwrap.dedent("""
 
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), 'mallinfo2'), reason='glibc >= 2.33 mallinfo2')
 @pytest.mark.parametrize('binding, mmapped', [('', False),
-                                              ('configure_allocator.mmap_threshold_kib = 128', True)])
+                                              ('configure_allocator.mmap_threshold_kib = 128', True),
+                                              # glibc's own threshold starts at 128 KiB
+                                              ('configure_allocator.mmap_threshold_kib = None', True)])
 def test_the_mmap_threshold_is_a_gin_binding(binding, mmapped):
   out = subprocess.run([sys.executable, '-c', _MMAPPED_256K_BLOCKS, binding],
                        check=True, capture_output=True, text=True).stdout

@@ -60,17 +60,24 @@ _LIBC = _glibc()
 
 
 @gin.configurable
-def configure_allocator(mmap_threshold_kib: int = DEFAULT_MMAP_THRESHOLD_KIB) -> bool:
+def configure_allocator(mmap_threshold_kib: Optional[int] = DEFAULT_MMAP_THRESHOLD_KIB) -> bool:
   """Pins glibc's mmap and trim thresholds; True where that took effect.
 
   Args:
     mmap_threshold_kib: blocks of at least this many KiB are mmapped and go back
-      to the operating system at free; the heap is trimmed above it too.
+      to the operating system at free; the heap is trimmed above it too. None
+      leaves glibc's adaptive thresholds (and any allocator put in by
+      LD_PRELOAD, e.g. jemalloc or tcmalloc) as they are.
   """
-  if not isinstance(mmap_threshold_kib, int) or not 16 <= mmap_threshold_kib <= _MAX_KIB:
+  if mmap_threshold_kib is None:
+    logging.info('Allocator thresholds left to the C library (configure_allocator.'
+                 'mmap_threshold_kib=None)')
+    return False
+  if (isinstance(mmap_threshold_kib, bool) or not isinstance(mmap_threshold_kib, int) or
+      not 16 <= mmap_threshold_kib <= _MAX_KIB):
     raise UsageError(f'configure_allocator.mmap_threshold_kib={mmap_threshold_kib!r} must be an '
-                     f'integer from 16 to {_MAX_KIB} (KiB; glibc\'s limit is 32 MiB): 512 for '
-                     'MLPs, 128 for Atari')
+                     f'integer from 16 to {_MAX_KIB} (KiB; glibc\'s limit is 32 MiB), or None '
+                     'for glibc\'s adaptive threshold: 512 for MLPs, 128 for Atari')
   if _LIBC is None:
     logging.info('Not glibc: allocator settings left as they are')
     return False
