@@ -1,0 +1,101 @@
+"""Learning-phase agent steps/s of an Atari run under each memory allocator, alternating.
+
+Issue 29's comparison: glibc with the mmap threshold pinned at 128 KiB (what
+gin/ddqn_atari.gin ships) against the alternatives that leave glibc's adaptive
+threshold alone or replace malloc. Each setting is a `harness-train` run of the
+shipped file (overlap on) with its own environment and bindings; the settings
+take turns for `--pairs` rounds, one run at a time on an otherwise idle machine.
+Beside each run's rate it prints the system CPU seconds of the run (page faults,
+mmap and munmap show up there). The slope of each under a 100,000-step soak is
+`scripts/soak.py` with the same environment (docs/performance.md).
+
+  python scripts/bench_allocators.py --pairs=2 --steps=7000
+  python scripts/bench_allocators.py --allocators=pin128 --allocators=tcmalloc
+
+jemalloc and tcmalloc are Debian's `libjemalloc2` and `libtcmalloc-minimal4`
+(`apt-get install`); a setting whose library is missing is left out with a line.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+from typing import Dict, List
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_overlap  # pylint: disable=g-import-not-at-top  (the scripts share its flags)
+
+_LIB = '/usr/lib/x86_64-linux-gnu'
+# name -> (environment added, bindings added, library that must exist or None).
+# Where malloc is replaced or left adaptive, the harness's mallopt pin is turned off.
+_ADAPTIVE = ['configure_allocator.mmap_threshold_kib=None']
+ALLOCATORS = {
+    'pin128': ({}, [], None),
+    'glibc_arena2': ({'MALLOC_ARENA_MAX': '2'}, _ADAPTIVE, None),
+    'tf_bfc': ({'TF_CPU_ALLOCATOR_USE_BFC': 'true'}, [], None),
+    'jemalloc': ({'LD_PRELOAD': f'{_LIB}/libjemalloc.so.2',
+                  'MALLOC_CONF': 'background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0'},
+                 _ADAPTIVE, f'{_LIB}/libjemalloc.so.2'),
+    'tcmalloc': ({'LD_PRELOAD': f'{_LIB}/libtcmalloc_minimal.so.4'}, _ADAPTIVE,
+                 f'{_LIB}/libtcmalloc_minimal.so.4'),
+}
+
+_WHICH = flags.DEFINE_multi_string('allocators', list(ALLOCATORS),
+                                   f'Settings to compare, of {", ".join(ALLOCATORS)}.')
+
+_system_seconds: Dict[str, List[float]] = {}
+
+
+def run_once(name: str, out_dir: str) -> float:
+  """One run under allocator `name`; returns its learning-phase agent steps/s."""
+  environment, bindings, _ = ALLOCATORS[name]
+  root = os.path.join(out_dir, name)
+  shutil.rmtree(root, ignore_errors=True)
+  flags_of_run = [f'train_eval.num_env_steps={bench_overlap.STEPS.value}',
+                  f'train_eval.initial_collect_steps={bench_overlap.INITIAL.value}',
+                  f'train_eval.replay_capacity={bench_overlap.CAPACITY.value}',
+                  'train_eval.log_interval=500', 'train_eval.eval_interval=1000000',
+                  'train_eval.checkpoint_interval=1000000', 'train_eval.final_eval_episodes=1',
+                  *bindings]
+  cmd = [sys.executable, '-m', 'harness.train', f'--root_dir={root}',
+         '--gin_file=gin/ddqn_atari.gin'] + [f'--gin_bindings={b}' for b in flags_of_run]
+  before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
+  subprocess.run(cmd, cwd=bench_overlap.REPO, check=True, stdout=subprocess.DEVNULL,
+                 env={**os.environ, **environment})
+  _system_seconds.setdefault(name, []).append(
+      resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime - before)
+  with open(os.path.join(root, 'metrics.csv'), newline='') as f:
+    # pylint: disable-next=protected-access  (the same rate as the overlap bench)
+    return bench_overlap._rate(list(csv.DictReader(f)), bench_overlap.INITIAL.value)
+
+
+def main(argv: List[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}: name each as --allocators=NAME')
+  names = []
+  for name in _WHICH.value:
+    if name not in ALLOCATORS:
+      raise app.UsageError(f'unknown allocator {name!r}: one of {", ".join(ALLOCATORS)}')
+    library = ALLOCATORS[name][2]
+    if library and not os.path.exists(library):
+      print(f'{name}: {library} is missing (apt-get install it): left out')
+      continue
+    names.append(name)
+  medians = bench_overlap.alternate({n: functools.partial(run_once, n) for n in names})
+  for name in names:
+    seconds = _system_seconds[name]
+    print(f'{name}: {medians[name] / medians[names[0]]:.2f}x {names[0]}, system CPU '
+          f'{statistics.median(seconds):.0f} s a run (median of {len(seconds)})')
+
+
+if __name__ == '__main__':
+  app.run(main)
