@@ -95,12 +95,19 @@ def test_rmsprop_is_centred_and_takes_the_scheduled_learning_rate():
   config = built.optimizer.get_config()
   assert config['centered'] and config['rho'] == pytest.approx(0.95)
   assert config['epsilon'] == pytest.approx(1e-4)
+  assert config['momentum'] == 0.0
   built.update_learning_rate()
   assert float(built.learning_rate.numpy()) == pytest.approx(2.5e-4)
 
 
+def test_rmsprop_takes_the_papers_momentum():
+  built, _ = _built(optimizer='rmsprop', learning_rate=2.5e-4, rmsprop_momentum=0.95)
+  assert built.optimizer.get_config()['momentum'] == pytest.approx(0.95)
+
+
 @pytest.mark.parametrize('binding', [{'optimizer': 'sgd'}, {'rmsprop_rho': 1.0},
-                                     {'rmsprop_epsilon': 0.0}])
+                                     {'rmsprop_epsilon': 0.0}, {'rmsprop_momentum': 1.0},
+                                     {'rmsprop_momentum': -0.1}])
 def test_bad_optimizer_settings_are_refused(binding):
   from harness.base.errors import UsageError  # pylint: disable=g-import-not-at-top
   with pytest.raises(UsageError, match=f'make_agent.{next(iter(binding))}='):

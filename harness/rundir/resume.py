@@ -25,6 +25,8 @@ REFUSED = {
     'make_agent.conv_layer_params': 'the Q-network shapes are in the checkpoint',
     'make_agent.n_step_update': 'it changes the sequence length stored in the replay table',
     'make_agent.optimizer': "the optimizer's slot variables are in the checkpoint",
+    'make_agent.rmsprop_momentum': ("RMSProp's momentum slots are in the checkpoint, or "
+                                    'missing from it'),
     'make_agent.agent': 'the checkpoint holds another agent and network',
     'make_agent.dueling': 'the Q-network shapes are in the checkpoint',
     'make_agent.num_atoms': 'the Q-network shapes are in the checkpoint',
