@@ -2,8 +2,8 @@
 
 Issue 29's comparison: glibc with the mmap threshold pinned at 128 KiB (what
 gin/ddqn_atari.gin ships) against the alternatives that leave glibc's adaptive
-threshold alone or replace malloc. Each setting is a `harness-train` run of the
-shipped file (overlap on) with its own environment and bindings; the settings
+threshold alone or replace malloc. Each setting is a `harness-train` run of
+--gin_file (default: gin/ddqn_atari.gin as shipped, overlap on) with its own environment and bindings; the settings
 take turns for `--pairs` rounds, one run at a time on an otherwise idle machine.
 Beside each run's rate it prints the system CPU seconds of the run (page faults,
 mmap and munmap show up there). The slope of each under a 100,000-step soak is
@@ -18,13 +18,10 @@ jemalloc and tcmalloc are Debian's `libjemalloc2` and `libtcmalloc-minimal4`
 
 from __future__ import annotations
 
-import csv
 import functools
 import os
 import resource
-import shutil
 import statistics
-import subprocess
 import sys
 from typing import Dict, List
 
@@ -58,24 +55,11 @@ _system_seconds: Dict[str, List[float]] = {}
 def run_once(name: str, out_dir: str) -> float:
   """One run under allocator `name`; returns its learning-phase agent steps/s."""
   environment, bindings, _ = ALLOCATORS[name]
-  root = os.path.join(out_dir, name)
-  shutil.rmtree(root, ignore_errors=True)
-  flags_of_run = [f'train_eval.num_env_steps={bench_overlap.STEPS.value}',
-                  f'train_eval.initial_collect_steps={bench_overlap.INITIAL.value}',
-                  f'train_eval.replay_capacity={bench_overlap.CAPACITY.value}',
-                  'train_eval.log_interval=500', 'train_eval.eval_interval=1000000',
-                  'train_eval.checkpoint_interval=1000000', 'train_eval.final_eval_episodes=1',
-                  *bindings]
-  cmd = [sys.executable, '-m', 'harness.train', f'--root_dir={root}',
-         '--gin_file=gin/ddqn_atari.gin'] + [f'--gin_bindings={b}' for b in flags_of_run]
   before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
-  subprocess.run(cmd, cwd=bench_overlap.REPO, check=True, stdout=subprocess.DEVNULL,
-                 env={**os.environ, **environment})
+  rate = bench_overlap.run_harness(name, out_dir, bindings, environment)
   _system_seconds.setdefault(name, []).append(
       resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime - before)
-  with open(os.path.join(root, 'metrics.csv'), newline='') as f:
-    # pylint: disable-next=protected-access  (the same rate as the overlap bench)
-    return bench_overlap._rate(list(csv.DictReader(f)), bench_overlap.INITIAL.value)
+  return rate
 
 
 def main(argv: List[str]) -> None:

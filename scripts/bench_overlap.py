@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -45,20 +45,28 @@ def _rate(rows: Sequence[Dict[str, str]], initial: int) -> float:
           / (float(last['wall_time']) - float(first['wall_time'])))
 
 
-def run_once(setting: str, out_dir: str) -> float:
-  root = os.path.join(out_dir, setting)
+def run_harness(name: str, out_dir: str, bindings: Sequence[str],
+                environment: Optional[Dict[str, str]] = None) -> float:
+  """One short run of --gin_file in `out_dir/name` with these extra bindings (and
+  environment variables); returns its learning-phase agent steps/s."""
+  root = os.path.join(out_dir, name)
   shutil.rmtree(root, ignore_errors=True)
   bindings = [f'train_eval.num_env_steps={STEPS.value}',
               f'train_eval.initial_collect_steps={INITIAL.value}',
               f'train_eval.replay_capacity={CAPACITY.value}',
               'train_eval.log_interval=500', 'train_eval.eval_interval=1000000',
               'train_eval.checkpoint_interval=1000000', 'train_eval.final_eval_episodes=1',
-              _SETTINGS[setting], *_GIN_BINDINGS.value]
+              *bindings, *_GIN_BINDINGS.value]
   cmd = [sys.executable, '-m', 'harness.train', f'--root_dir={root}',
          f'--gin_file={_GIN_FILE.value}'] + [f'--gin_bindings={b}' for b in bindings]
-  subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+  subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL,
+                 env={**os.environ, **(environment or {})})
   with open(os.path.join(root, 'metrics.csv'), newline='') as f:
     return _rate(list(csv.DictReader(f)), INITIAL.value)
+
+
+def run_once(setting: str, out_dir: str) -> float:
+  return run_harness(setting, out_dir, [_SETTINGS[setting]])
 
 
 def alternate(runners: Dict[str, Callable[[str], float]], label: str = '') -> Dict[str, float]:
