@@ -136,6 +136,14 @@ def test_resume_comparison_applies_and_refuses():
   assert 'Q-network shapes' in changes['make_agent.fc_layer_params'].refused_because
 
 
+def test_a_resume_may_not_change_rmsprops_momentum():
+  # Keras' RMSprop has momentum slots only when the momentum is above 0.
+  changes = resume.compare('make_agent.rmsprop_momentum = 0.0\n',
+                           'make_agent.rmsprop_momentum = 0.95\n')
+  assert [c.binding for c in changes] == ['make_agent.rmsprop_momentum']
+  assert 'momentum slots' in changes[0].refused_because
+
+
 # --- rate limiter ---------------------------------------------------------------
 
 @pytest.mark.parametrize('rows_per_item', [1, 4])
