@@ -9,15 +9,21 @@ import tensorflow as tf
 from harness.base import host_calls
 
 
-def _blocks_per_call(fn, calls: int = 3000) -> float:
+def _blocks_per_call(fn, calls: int = 3000, tries: int = 3) -> float:
+  """Python blocks left per call: the least of a few tries, since threads that
+  earlier tests left in this process (Reverb clients, executors) allocate now
+  and then too; a real leak of one block per call shows in every try."""
   fn()
   fn()
-  gc.collect()
-  before = sys.getallocatedblocks()
-  for _ in range(calls):
-    fn()
-  gc.collect()
-  return (sys.getallocatedblocks() - before) / calls
+  least = float('inf')
+  for _ in range(tries):
+    gc.collect()
+    before = sys.getallocatedblocks()
+    for _ in range(calls):
+      fn()
+    gc.collect()
+    least = min(least, (sys.getallocatedblocks() - before) / calls)
+  return least
 
 
 def test_results_come_back_as_numpy_in_their_structure():
