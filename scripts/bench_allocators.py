@@ -3,8 +3,9 @@
 Issue 29's comparison: glibc with the mmap threshold pinned at 128 KiB (what
 gin/ddqn_atari.gin ships) against the alternatives that leave glibc's adaptive
 threshold alone or replace malloc. Each setting is a `harness-train` run of
---gin_file (default: gin/ddqn_atari.gin as shipped, overlap on) with its own environment and bindings; the settings
-take turns for `--pairs` rounds, one run at a time on an otherwise idle machine.
+--gin_file (default: gin/ddqn_atari.gin as shipped, overlap on) with its own
+environment and bindings; the settings take turns for `--pairs` rounds, one run
+at a time on an otherwise idle machine.
 Beside each run's rate it prints the system CPU seconds of the run (page faults,
 mmap and munmap show up there). The slope of each under a 100,000-step soak is
 `scripts/soak.py` with the same environment (docs/performance.md).
