@@ -8,6 +8,13 @@ otherwise idle machine. Prints each run, the median of each side and their ratio
 
   python scripts/bench_atari_vs_sb3.py --sb3_python=/work/sb3venv/bin/python --pairs=3
   python scripts/bench_atari_vs_sb3.py --sb3_python=/work/sb3venv/bin/python --game=Pong
+  python scripts/bench_atari_vs_sb3.py --sb3_python=/work/sb3venv/bin/python \
+      --harness=pin128 --harness=jemalloc+bfloat16
+
+Each --harness is a setting of the harness side: an allocator of
+scripts/bench_allocators.py (pin128 is what the file ships), optionally with
+`+bfloat16` for make_agent.compute_dtype='bfloat16'. Every setting takes its turn
+in each pair, and each gets its ratio to SB3.
 """
 
 from __future__ import annotations
@@ -22,12 +29,29 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_allocators  # pylint: disable=wrong-import-position  (the allocator settings)
 import bench_overlap  # pylint: disable=wrong-import-position  (--pairs, --steps, the harness run)
 
 _SB3_PYTHON = flags.DEFINE_string('sb3_python', None, 'Python of a venv with '
                                   'stable-baselines3, torch and ale-py.', required=True)
 _GAME = flags.DEFINE_string('game', 'Breakout', 'ALE game: ALE/<game>-v5 for the harness, '
                             '<game>NoFrameskip-v4 (wrapped as the Zoo does) for SB3.')
+_HARNESS = flags.DEFINE_multi_string(
+    'harness', ['pin128'], 'Harness settings: ALLOCATOR or ALLOCATOR+bfloat16, with '
+    f'ALLOCATOR one of {", ".join(bench_allocators.ALLOCATORS)} (pin128: as shipped).')
+
+
+def harness_runner(setting: str):
+  """A runner of one harness setting ('jemalloc+bfloat16'): returns agent steps/s."""
+  allocator, _, dtype = setting.partition('+')
+  if allocator not in bench_allocators.ALLOCATORS or dtype not in ('', 'bfloat16'):
+    raise app.UsageError(f'--harness={setting}: use ALLOCATOR or ALLOCATOR+bfloat16, with '
+                         f'ALLOCATOR one of {", ".join(bench_allocators.ALLOCATORS)}')
+  environment, bindings, _ = bench_allocators.ALLOCATORS[allocator]
+  bindings = [*bindings, 'train_eval.overlap_training=True']
+  if dtype:
+    bindings.append(f"make_agent.compute_dtype='{dtype}'")
+  return lambda out_dir: bench_overlap.run_harness(setting, out_dir, bindings, environment)
 
 
 def sb3_rate(python: str) -> float:
@@ -44,11 +68,12 @@ def main(argv: List[str]) -> None:
   del argv
   flags.FLAGS.gin_bindings = [f"make_env.env_id='ALE/{_GAME.value}-v5'",
                               *flags.FLAGS.gin_bindings]
-  medians = bench_overlap.alternate(
-      {'harness': lambda out_dir: bench_overlap.run_once('overlap', out_dir),
-       'sb3': lambda _: sb3_rate(_SB3_PYTHON.value)}, label=f'{_GAME.value} ')
-  print(f"{_GAME.value} harness / SB3: {medians['harness'] / medians['sb3']:.2f}x "
-        '(target >= 1.75x)')
+  runners = {f'harness {s}': harness_runner(s) for s in _HARNESS.value}
+  runners['sb3'] = lambda _: sb3_rate(_SB3_PYTHON.value)
+  medians = bench_overlap.alternate(runners, label=f'{_GAME.value} ')
+  for setting in _HARNESS.value:
+    print(f"{_GAME.value} harness {setting} / SB3: "
+          f"{medians[f'harness {setting}'] / medians['sb3']:.2f}x (target >= 1.75x)")
 
 
 if __name__ == '__main__':

@@ -96,13 +96,12 @@ def harness(steps: int, out_dir: str, gin_file: str, name: str = 'harness',
           'wall_s': total}
 
 
-def compare(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]], rounds: int,
-            calls: int) -> None:
-  """Median ms per gradient step of each variant, alternating in one process.
+def build_trainers(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]]):
+  """Each variant's compiled train call, built as harness-train builds it, its Reverb
+  table filled by random steps and the call traced once.
 
-  `variants`: label -> (the label it is compared with, its extra bindings).
+  Returns label -> (trainer, Reverb server, agent name, settings).
   """
-  import statistics  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, REPO)
   import gin  # pylint: disable=g-import-not-at-top
   import harness.train  # pylint: disable=g-import-not-at-top,unused-import  (every configurable)
@@ -134,6 +133,17 @@ def compare(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]],
                             cfg.train_steps_per_iteration, priorities)
     trainer()  # the one trace
     trainers[label] = (trainer, server, parts.built.name, cfg)
+  return trainers
+
+
+def compare(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]], rounds: int,
+            calls: int) -> None:
+  """Median ms per gradient step of each variant, alternating in one process.
+
+  `variants`: label -> (the label it is compared with, its extra bindings).
+  """
+  import statistics  # pylint: disable=g-import-not-at-top
+  trainers = build_trainers(gin_file, bindings, variants)
   times = {label: [] for label in variants}
   for _ in range(rounds):
     for label, (trainer, _, _, _) in trainers.items():
