@@ -9,10 +9,12 @@ from tf_agents.specs import tensor_spec
 from tf_agents.trajectories import time_step as ts
 from tf_agents.trajectories import trajectory
 
+from harness.base import hardware
 from harness.base.errors import UsageError
 from harness.rl import host_policy
 from harness.rl.agents import check_settings
 from harness.rl.agents import make_agent
+from harness.rl.agents.factory import resolve_compute_dtype
 
 IMAGE = tensor_spec.BoundedTensorSpec([10, 10, 4], tf.uint8, 0, 1, 'observation')
 VECTOR = tensor_spec.TensorSpec([4], tf.float32, 'observation')
@@ -110,3 +112,25 @@ def test_a_float32_run_resumes_in_bfloat16_to_its_target(tmp_path):
   assert any(
       name.startswith('resume-') for name in os.listdir(os.path.join(root, 'config')))
   assert int(cli.rows(f'{root}/metrics.csv')[-1]['env_steps']) >= 900
+
+
+def test_cpu_flags_are_read_from_cpuinfo_and_missing_cpuinfo_means_none(tmp_path):
+  cpuinfo = tmp_path / 'cpuinfo'
+  cpuinfo.write_text('processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n')
+  assert {'avx512f', 'avx512_bf16'} <= hardware.cpu_flags(str(cpuinfo))
+  assert hardware.cpu_flags(str(tmp_path / 'missing')) == frozenset()
+
+
+def test_bfloat16_units_need_avx512_bf16_or_amx_on_a_cpu():
+  assert hardware.has_bfloat16_units({'avx512f', 'avx512_bf16'})
+  assert hardware.has_bfloat16_units({'amx_bf16'})
+  assert not hardware.has_bfloat16_units({'avx2', 'avx512f'})
+
+
+def test_auto_resolves_to_what_this_machine_has_and_builds_that(caplog):
+  expected = 'bfloat16' if hardware.has_bfloat16_units() else 'float32'
+  assert resolve_compute_dtype('auto') == expected
+  assert resolve_compute_dtype('float32') == 'float32'
+  net = _built(IMAGE, 'auto').agent._q_network  # pylint: disable=protected-access
+  conv = [layer for layer in net.layers if isinstance(layer, tf.keras.layers.Conv2D)]
+  assert conv and conv[0].compute_dtype == expected

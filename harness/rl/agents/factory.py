@@ -13,6 +13,7 @@ from tf_agents.agents.dqn import dqn_agent
 from tf_agents.trajectories import time_step as ts
 from tf_agents.utils import common
 
+from harness.base import hardware
 from harness.base.errors import UsageError
 from harness.rl.agents import distributional
 from harness.rl.agents import networks
@@ -28,8 +29,9 @@ OPTIMIZERS = ('adam', 'rmsprop')
 # nets on; its n-step targets and prioritized replay are bindings of their own
 # (gin/rainbow_*.gin sets them).
 AGENTS = ('ddqn', 'c51', 'qrdqn', 'rainbow')
-# `make_agent.compute_dtype` values (networks.COMPUTE_DTYPES).
-COMPUTE_DTYPES = networks.COMPUTE_DTYPES
+# `make_agent.compute_dtype` values: networks.COMPUTE_DTYPES, or 'auto' for
+# bfloat16 where the hardware has bfloat16 units and float32 elsewhere.
+COMPUTE_DTYPES = networks.COMPUTE_DTYPES + ('auto',)
 # The collect epsilon when make_agent.epsilon_greedy is left unbound.
 DEFAULT_EPSILON = 0.1
 
@@ -217,6 +219,15 @@ def check_settings(epsilon_greedy: Optional[float] = None, epsilon_start: float 
 
 
 @gin.configurable
+def resolve_compute_dtype(compute_dtype: str) -> str:
+  """'auto' -> 'bfloat16' where the hardware has bfloat16 units, else 'float32'."""
+  if compute_dtype != 'auto':
+    return compute_dtype
+  resolved = 'bfloat16' if hardware.has_bfloat16_units() else 'float32'
+  logging.info('make_agent.compute_dtype=auto: %s on this machine', resolved)
+  return resolved
+
+
 def make_agent(time_step_spec: ts.TimeStep,
                action_spec,
                train_step: tf.Variable,
@@ -300,7 +311,8 @@ def make_agent(time_step_spec: ts.TimeStep,
     compute_dtype: 'float32' (default) or 'bfloat16': the conv layers and the
       hidden (non-noisy) dense layers compute in bfloat16 with float32 weights;
       the Q head, the targets and the loss stay float32. Checkpoints are the same
-      either way, so a resume may change it.
+      either way, so a resume may change it. 'auto': bfloat16 where the hardware
+      has bfloat16 units (harness.base.hardware), float32 elsewhere.
   """
   check_settings(epsilon_greedy=epsilon_greedy, epsilon_start=epsilon_start,
                  epsilon_decay_steps=epsilon_decay_steps, learning_rate=learning_rate,
@@ -317,6 +329,7 @@ def make_agent(time_step_spec: ts.TimeStep,
                  max_q_value=max_q_value, num_quantiles=num_quantiles, noisy=noisy,
                  noisy_sigma0=noisy_sigma0, double_q=double_q, dueling=dueling,
                  compute_dtype=compute_dtype)
+  compute_dtype = resolve_compute_dtype(compute_dtype)
   # Rainbow is C51 with these on; an explicit False turns one off (an ablation).
   rainbow = agent == 'rainbow'
   kind = 'c51' if rainbow else agent
