@@ -218,7 +218,6 @@ def check_settings(epsilon_greedy: Optional[float] = None, epsilon_start: float 
                      'e.g. 0.95 as the MinAtar paper (0: none)')
 
 
-@gin.configurable
 def resolve_compute_dtype(compute_dtype: str) -> str:
   """'auto' -> 'bfloat16' where the hardware has bfloat16 units, else 'float32'."""
   if compute_dtype != 'auto':
@@ -228,6 +227,7 @@ def resolve_compute_dtype(compute_dtype: str) -> str:
   return resolved
 
 
+@gin.configurable
 def make_agent(time_step_spec: ts.TimeStep,
                action_spec,
                train_step: tf.Variable,
