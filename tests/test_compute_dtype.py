@@ -122,9 +122,9 @@ def test_cpu_flags_are_read_from_cpuinfo_and_missing_cpuinfo_means_none(tmp_path
 
 
 def test_bfloat16_units_need_avx512_bf16_or_amx_on_a_cpu():
-  assert hardware.has_bfloat16_units({'avx512f', 'avx512_bf16'})
-  assert hardware.has_bfloat16_units({'amx_bf16'})
-  assert not hardware.has_bfloat16_units({'avx2', 'avx512f'})
+  assert hardware.cpu_has_bfloat16_units({'avx512f', 'avx512_bf16'})
+  assert hardware.cpu_has_bfloat16_units({'amx_bf16'})
+  assert not hardware.cpu_has_bfloat16_units({'avx2', 'avx512f'})
 
 
 def test_auto_resolves_to_what_this_machine_has_and_builds_that(caplog):

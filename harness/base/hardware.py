@@ -9,7 +9,7 @@ software and the step gets slower. On a GPU it is compute capability 8.0
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 import tensorflow as tf
 
@@ -29,11 +29,17 @@ def cpu_flags(cpuinfo_path: str = '/proc/cpuinfo') -> frozenset:
   return frozenset()
 
 
-def has_bfloat16_units(flags: Iterable[str] = None) -> bool:
+def cpu_has_bfloat16_units(flags: Iterable[str]) -> bool:
+  """True for a CPU with AVX512_BF16 or AMX among these /proc/cpuinfo flags."""
+  return bool(BFLOAT16_CPU_FLAGS & frozenset(flags))
+
+
+def has_bfloat16_units(flags: Optional[Iterable[str]] = None) -> bool:
   """True where bfloat16 math runs on hardware units: every visible GPU is
-  Ampere or later, or (no GPU) the CPU has AVX512_BF16 or AMX."""
+  Ampere or later, or (no GPU) the CPU has AVX512_BF16 or AMX (`flags`: this
+  machine's by default)."""
   gpus = tf.config.list_physical_devices('GPU')
   if gpus:
     return all(tuple(tf.config.experimental.get_device_details(gpu).get(
         'compute_capability', (0, 0))) >= (8, 0) for gpu in gpus)
-  return bool(BFLOAT16_CPU_FLAGS & frozenset(cpu_flags() if flags is None else flags))
+  return cpu_has_bfloat16_units(cpu_flags() if flags is None else flags)
