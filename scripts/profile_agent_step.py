@@ -37,8 +37,8 @@ def op_microseconds(trace_dir: str) -> Dict[str, float]:
       continue
     names = {i: m.name for i, m in plane.event_metadata.items()}
     for line in plane.lines:
-      if line.name.startswith('tf_Compute') or 'Executor' in line.name or line.name.startswith(
-          'tf_inter_op') or line.name.startswith('tf_'):
+      # TensorFlow's own threads (tf_Compute, tf_inter_op...) and the executor's.
+      if line.name.startswith('tf_') or 'Executor' in line.name:
         for event in line.events:
           name = names.get(event.metadata_id, '?')
           # Kernel events read "op_name:OpType"; keep the type.

@@ -127,7 +127,7 @@ def test_bfloat16_units_need_avx512_bf16_or_amx_on_a_cpu():
   assert not hardware.cpu_has_bfloat16_units({'avx2', 'avx512f'})
 
 
-def test_auto_resolves_to_what_this_machine_has_and_builds_that(caplog):
+def test_auto_resolves_to_what_this_machine_has_and_builds_that():
   expected = 'bfloat16' if hardware.has_bfloat16_units() else 'float32'
   assert resolve_compute_dtype('auto') == expected
   assert resolve_compute_dtype('float32') == 'float32'

@@ -9,7 +9,7 @@ software and the step gets slower. On a GPU it is compute capability 8.0
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable
 
 import tensorflow as tf
 
@@ -34,12 +34,11 @@ def cpu_has_bfloat16_units(flags: Iterable[str]) -> bool:
   return bool(BFLOAT16_CPU_FLAGS & frozenset(flags))
 
 
-def has_bfloat16_units(flags: Optional[Iterable[str]] = None) -> bool:
+def has_bfloat16_units() -> bool:
   """True where bfloat16 math runs on hardware units: every visible GPU is
-  Ampere or later, or (no GPU) the CPU has AVX512_BF16 or AMX (`flags`: this
-  machine's by default)."""
+  Ampere or later, or (no GPU) this machine's CPU has AVX512_BF16 or AMX."""
   gpus = tf.config.list_physical_devices('GPU')
   if gpus:
     return all(tuple(tf.config.experimental.get_device_details(gpu).get(
         'compute_capability', (0, 0))) >= (8, 0) for gpu in gpus)
-  return cpu_has_bfloat16_units(cpu_flags() if flags is None else flags)
+  return cpu_has_bfloat16_units(cpu_flags())
