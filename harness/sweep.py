@@ -35,6 +35,7 @@ from logging import handlers as log_handlers
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -311,6 +312,31 @@ def nothing_left(table: TrialTable) -> bool:
   return not unfinished and len(finished) >= (table.spec.num_trials or 0)
 
 
+# Set by the first SIGTERM: the sweep then exits 143, as harness-train does.
+_STOPPED_BY_SIGTERM = threading.Event()
+
+
+def _stop_as_on_ctrl_c(signum: int, frame) -> None:
+  """SIGTERM (what Slurm and Kubernetes send before a kill) stops the sweep as Ctrl-C does.
+
+  Tune stops its trials gracefully only on SIGINT (and SIGUSR1); on SIGTERM the
+  driver just died, and Ray then SIGKILLed the trials' harness-train children
+  with their worker, before their own SIGTERM checkpoint (seen on a MinAtar
+  sweep: no stop line, the last checkpoint minutes old). Raised as SIGINT, it
+  reaches Tune's handler while Tune runs (trials stop, their children
+  checkpoint). Before Tune starts or after it ends, the driver exits 143 at
+  once (the `finally` blocks stop Ray), as a second SIGTERM does. Installed
+  once Ray has started, whose own handler would replace it.
+  """
+  del signum, frame
+  if _STOPPED_BY_SIGTERM.is_set() or signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    sys.exit(128 + signal.SIGTERM)
+  _STOPPED_BY_SIGTERM.set()
+  logging.warning('SIGTERM: stopping the trials (each harness-train checkpoints); '
+                  'the same command resumes')
+  signal.raise_signal(signal.SIGINT)
+
+
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     raise UsageError(f'unexpected arguments {argv[1:]}: use --flag=value forms')
@@ -349,6 +375,9 @@ def main(argv: List[str]) -> None:
       if check is not None:
         finish_check(check)  # Bad input is the error to report, not Ray's.
       raise
+    # After Ray's start: its core worker installs a SIGTERM handler of its own
+    # (it logs the signal and ends the driver).
+    signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
     # After Ray's start: importing Ray and `ray.init` replace the 'ray' logger's handlers.
     ray_runtime.route_library_logs(held)
     if check is not None:
@@ -376,7 +405,8 @@ def main(argv: List[str]) -> None:
       gate.remove()
   if table.interrupted():
     logging.info('Interrupted: running trials go back to pending')
-  sys.exit(finish(root, table, drawn))
+  status = finish(root, table, drawn)
+  sys.exit(128 + signal.SIGTERM if _STOPPED_BY_SIGTERM.is_set() else status)
 
 
 COMMAND = cli.Command(

@@ -691,6 +691,39 @@ def test_bad_value_fails_only_its_trials(killed_sweep):
   assert summary['1e-3']['n_seeds'] == '1' and summary['-1e-3']['n_seeds'] == '0'
 
 
+@pytest.mark.slow
+def test_sigterm_stops_the_trials_with_their_checkpoint_and_exits_143(tmp_path, tag):
+  """What a scheduler's preemption sends: each running harness-train gets its own
+  SIGTERM, writes its stop checkpoint (its log says so), the row goes back to
+  pending, the driver exits 143 and nothing is left running. Before the fix
+  Ray's handler ended the driver (exit 1) and Ray SIGKILLed the children."""
+  root = str(tmp_path / 'sweep')
+  bindings = [b for b in TINY if not b.startswith('train_eval.num_env_steps')]
+  cmd = sweep_command(root, sweeps=[], bindings=bindings + ['train_eval.num_env_steps=100000'],
+                      extra=['--seeds=1'])
+  log = os.path.join(root, 'logs', 'seed=0.log')
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          cwd=REPO, env=tagged_env(tag), start_new_session=True)
+  try:
+    deadline = time.time() + TIMEOUT
+    while not (os.path.exists(log) and 'Checkpoint at train_step' in open(log).read()):
+      assert proc.poll() is None, proc.stdout.read()[-3000:]
+      assert time.time() < deadline, f'no checkpoint after {TIMEOUT} s'
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+  except BaseException:
+    _kill_group_and_leftovers(proc.pid, tag)
+    raise
+  assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+  with open(log) as f:
+    stop_lines = [line for line in f if 'stopped by SIGTERM at env_steps' in line]
+  assert stop_lines, 'the trial\'s harness-train did not write its stop checkpoint'
+  [row] = read_rows(root, 'trials.csv')
+  assert row['status'] == 'pending'
+  assert '1 trials unfinished: the same command resumes them' in out
+
+
 # --- stopping Ray --------------------------------------------------------------------
 
 
