@@ -17,6 +17,7 @@ from harness.base import hardware
 from harness.base.errors import UsageError
 from harness.rl.agents import distributional
 from harness.rl.agents import networks
+from harness.rl.agents import optimizers
 from harness.rl.agents.noisy import DEFAULT_SIGMA0
 from harness.rl.agents.schedules import LinearSchedule
 
@@ -363,7 +364,8 @@ def make_agent(time_step_spec: ts.TimeStep,
                                             epsilon=rmsprop_epsilon, centered=True,
                                             momentum=rmsprop_momentum)
   else:
-    optimizer = tf.keras.optimizers.Adam(learning_rate=learning_rate, epsilon=adam_epsilon)
+    # Keras' Adam in one fused op per variable (optimizers.py: the same update).
+    optimizer = optimizers.FusedAdam(learning_rate=learning_rate, epsilon=adam_epsilon)
   common_args = dict(optimizer=optimizer, epsilon_greedy=epsilon, n_step_update=n_step_update,
                      target_update_tau=target_update_tau,
                      target_update_period=target_update_period, gamma=gamma,
