@@ -7,6 +7,7 @@ Usage:
       [--agents ddqn c51 qrdqn rainbow] [--gin_bindings ...]
   python scripts/bench_throughput.py --compare_dtypes --gin_file=gin/ddqn_atari.gin \
       --agents ddqn [--gin_bindings ...]
+  python scripts/bench_throughput.py --compare_optimizers [--gin_file F] [--agents ...]
 
 Both programs train DQN on CartPole-v1 with one gradient step per env step, batch
 64, MLP (100,), Adam 1e-3, a uniform Reverb table of 100,000:
@@ -27,7 +28,9 @@ builds them (its Reverb table filled by random steps), then the agents' compiled
 train calls run in turn for --rounds rounds, alternating, and the median ms per
 gradient step of each is printed beside DDQN's. --compare_dtypes does the same for
 each agent in float32 and in bfloat16 (`make_agent.compute_dtype`), each bfloat16
-row against its float32 row.
+row against its float32 row. --compare_optimizers does it for each agent with
+Keras' own Adam (the reference) and with the FusedAdam that make_agent builds
+(the same update in one op per variable; harness/rl/agents/optimizers.py).
 """
 
 import argparse
@@ -96,9 +99,13 @@ def harness(steps: int, out_dir: str, gin_file: str, name: str = 'harness',
           'wall_s': total}
 
 
+KERAS_ADAM = 'keras Adam'
+
+
 def build_trainers(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]]):
   """Each variant's compiled train call, built as harness-train builds it, its Reverb
-  table filled by random steps and the call traced once.
+  table filled by random steps and the call traced once. A variant whose label
+  ends in KERAS_ADAM gets Keras' own Adam where make_agent builds FusedAdam.
 
   Returns label -> (trainer, Reverb server, agent name, settings).
   """
@@ -108,8 +115,12 @@ def build_trainers(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[
   from harness.base import memory, threads  # pylint: disable=g-import-not-at-top
   from harness.rl import collect, learn, replay  # pylint: disable=g-import-not-at-top
   from harness.run import experiment, parts as parts_lib  # pylint: disable=g-import-not-at-top
+  from harness.rl.agents import optimizers  # pylint: disable=g-import-not-at-top
+  fused_adam = optimizers.FusedAdam
   trainers = {}
   for label, (_, extra) in variants.items():
+    # The reference of --compare_optimizers: make_agent looks the class up when it builds.
+    optimizers.FusedAdam = (_keras_adam() if label.endswith(KERAS_ADAM) else fused_adam)
     gin.clear_config()
     gin.parse_config_files_and_bindings([gin_file], list(bindings) + list(extra))
     memory.configure_allocator()
@@ -133,7 +144,13 @@ def build_trainers(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[
                             cfg.train_steps_per_iteration, priorities)
     trainer()  # the one trace
     trainers[label] = (trainer, server, parts.built.name, cfg)
+  optimizers.FusedAdam = fused_adam
   return trainers
+
+
+def _keras_adam():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.keras.optimizers.Adam
 
 
 def compare(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]], rounds: int,
@@ -176,10 +193,20 @@ def main() -> None:
                       help='ms per gradient step of each of --agents against the first')
   parser.add_argument('--compare_dtypes', action='store_true',
                       help='ms per gradient step of each of --agents in bfloat16 against float32')
+  parser.add_argument('--compare_optimizers', action='store_true',
+                      help="ms per gradient step of each of --agents with FusedAdam against "
+                           "Keras' own Adam")
   parser.add_argument('--agents', nargs='*', default=['ddqn', 'c51', 'qrdqn', 'rainbow'])
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--calls', type=int, default=4, help='compiled train calls per reading')
   args = parser.parse_args()
+  if args.compare_optimizers:
+    variants = {}
+    for agent in args.agents:
+      variants[f'{agent} {KERAS_ADAM}'] = (f'{agent} {KERAS_ADAM}', [f"make_agent.agent='{agent}'"])
+      variants[f'{agent} FusedAdam'] = (f'{agent} {KERAS_ADAM}', [f"make_agent.agent='{agent}'"])
+    compare(args.gin_file, args.gin_bindings, variants, args.rounds, args.calls)
+    return
   if args.compare_agents or args.compare_dtypes:
     dtypes = ('float32', 'bfloat16') if args.compare_dtypes else (None,)
     variants = {}
