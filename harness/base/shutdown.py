@@ -124,19 +124,24 @@ class _SignalWatcher:
       self._exit_now(f'{self._program}: second signal ({name}): exiting at once without a '
                      'checkpoint; the previous checkpoint stays', 128 + signum)
     stop = current()
-    if not stop.request_for_signal(signum):
+    if stop.requested:
       return  # a supervisor asked first; its status stands
+    exit_code = 128 + signum
     # The timer first: logging could block on a full stdout pipe.
     timer = threading.Timer(self.grace_seconds, self._exit_now, args=(
         f'{self._program}: error: the stop after {name} took longer than '
         f'train_eval.shutdown_grace_seconds={self.grace_seconds:g}: exited without finishing '
         'its checkpoint; the previous checkpoint stays; run the same command to resume',
-        stop.exit_code))
+        exit_code))
     timer.daemon = True
     timer.start()
+    # The line before the request: a process that stops fast (nothing to
+    # checkpoint) could otherwise exit before this thread logs it.
     logging.warning('%s received: finishing the current iteration, then a checkpoint and exit '
-                    '%d (within %g s; a second signal exits at once)', name, stop.exit_code,
+                    '%d (within %g s; a second signal exits at once)', name, exit_code,
                     self.grace_seconds)
+    if not stop.request_for_signal(signum):
+      timer.cancel()  # a supervisor asked in between; its status and timing stand
 
   @staticmethod
   def _exit_now(line: str, exit_code: int) -> None:
