@@ -86,12 +86,43 @@ def test_same_seed_same_exploration():
   np.testing.assert_array_equal(runs[0], runs[1])
 
 
-def test_convolutional_networks_keep_the_compiled_policy():
-  """Image observations (uint8, convolutions) are not computed in numpy."""
-  observation_spec = tensor_spec.BoundedTensorSpec((8, 8, 2), tf.uint8, 0, 255)
+def _image_agent(shape, maximum, conv_layer_params, fc_layer_params=(8,), **kwargs):
+  observation_spec = tensor_spec.BoundedTensorSpec(shape, tf.uint8, 0, maximum)
   action_spec = tensor_spec.BoundedTensorSpec((), tf.int64, 0, 3)
-  agent = agents.make_agent(ts.time_step_spec(observation_spec), action_spec,
-                            train_utils.create_train_step(), checkpoints.RunState().env_steps,
-                            conv_layer_params=((4, 3, 1),), fc_layer_params=(8,)).agent
-  assert host_policy.for_tf_policy(agent.policy, batched=True, seed=0) is None
-  assert host_policy.for_tf_policy(agent.collect_policy, batched=True, seed=0) is None
+  return agents.make_agent(ts.time_step_spec(observation_spec), action_spec,
+                           train_utils.create_train_step(), checkpoints.RunState().env_steps,
+                           conv_layer_params=conv_layer_params, fc_layer_params=fc_layer_params,
+                           **kwargs).agent
+
+
+@pytest.mark.parametrize('maximum, conv_layer_params, dueling', [
+    (1, ((16, 3, 1),), False),           # MinAtar's network on its 0/1 grids
+    (255, ((4, 3, 2), (6, 2, 1)), True),  # strides, two convolutions, pixels scaled by 1/255
+])
+def test_small_convolutional_networks_act_in_numpy_as_the_tf_policy(maximum, conv_layer_params,
+                                                                     dueling):
+  tf.keras.utils.set_random_seed(0)
+  agent = _image_agent((10, 10, 4), maximum, conv_layer_params, dueling=dueling)
+  host = host_policy.for_tf_policy(agent.policy, batched=True, seed=0)
+  assert isinstance(host, host_policy.HostQPolicy)
+  rng = np.random.default_rng(0)
+  seen = set()
+  for _ in range(50):
+    batch = rng.integers(0, maximum + 1, (4, 10, 10, 4)).astype(np.uint8)
+    q_tf = agent._q_network(batch)[0].numpy()  # pylint: disable=protected-access
+    np.testing.assert_allclose(host.q_values(batch), q_tf, rtol=1e-5, atol=1e-6)
+    expected = agent.policy.action(ts.restart(tf.constant(batch), 4)).action.numpy()
+    action = host.action(ts.restart(batch, 4)).action
+    np.testing.assert_array_equal(action, expected)
+    seen.update(action.tolist())
+  assert len(seen) > 1  # the actions depend on the observation
+
+
+def test_large_or_bfloat16_convolutional_networks_keep_the_compiled_policy():
+  """The Nature CNN on Atari frames is faster in TF; bfloat16 layers are not computed in numpy."""
+  nature = _image_agent((84, 84, 4), 255, ((32, 8, 4), (64, 4, 2), (64, 3, 1)),
+                        fc_layer_params=(512,))
+  bfloat16 = _image_agent((10, 10, 4), 1, ((16, 3, 1),), compute_dtype='bfloat16')
+  for agent in (nature, bfloat16):
+    assert host_policy.for_tf_policy(agent.policy, batched=True, seed=0) is None
+    assert host_policy.for_tf_policy(agent.collect_policy, batched=True, seed=0) is None

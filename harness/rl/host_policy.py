@@ -8,8 +8,13 @@ observations is a few tens of microseconds in numpy. A CartPole run makes
 about 23,500 policy calls, a one-env MountainCar run 120,000: there the TF call
 alone was a tenth to a fifth of the run. TF-Agents has no host-side policy, so
 this one is ours, and only for what it can check it computes exactly: the
-networks `harness.rl.agents` builds from Dense layers, with a plain or a dueling
-head, on float observations. Anything else (convolutions, uint8 images) keeps
+float32 networks `harness.rl.agents` builds from Dense layers (a plain or a
+dueling head) and small 'valid' ReLU convolutions, on float observations or
+uint8 ones that the network scales by their maximum (MinAtar's 0/1 grids).
+On MinAtar four policy calls per 16 frames were half the acting thread's time
+(py-spy), nearly all of it TF's per-call cost. Anything else, and networks of
+more than `MAX_MULTIPLY_ADDS` per observation (the Nature CNN on Atari frames:
+numpy's convolution there took 27 ms a batch of four against TF's 4 ms), keeps
 the compiled TensorFlow policy (`harness.rl.collect.CompiledPolicy`).
 
 The weights are copied from the network's variables by `refresh()`, which the
@@ -21,9 +26,10 @@ decay moves only between runs).
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 import tensorflow as tf
 from tf_agents.policies import epsilon_greedy_policy
 from tf_agents.policies import greedy_policy
@@ -38,24 +44,39 @@ from harness.rl import agents
 
 _EXPLORATION_STREAM = 0x51DE  # any constant other than what gymnasium adds
 
-# One step of the forward pass: x -> y, with the weights read by `refresh`.
-_Layer = Tuple[str, List[tf.Variable]]
+# Multiply-adds per observation above which the compiled policy is faster here
+# (2 cores, a batch of four; docs/performance.md): MinAtar's network is about
+# 0.2M (numpy 0.12 ms, TF 0.8-1.1 ms a call), a two-conv net on 42x42 frames
+# 1.1M (numpy 1.8 ms, TF 1.5 ms), the Nature CNN on 84x84 frames 9M.
+MAX_MULTIPLY_ADDS = 500_000
+
+
+# One step of the forward pass: x -> y, with the weights read by `refresh`:
+# (kind, variables, strides); kinds 'scale' (uint8 -> float by the maximum in
+# `strides`' place), 'conv' (ReLU), 'flatten', 'relu', 'linear', 'dueling'.
+_Layer = Tuple[str, List[tf.Variable], Tuple[int, ...]]
 
 
 def _layers_of(q_network) -> Optional[List[_Layer]]:
-  """('relu' | 'linear' | 'dueling', variables) per layer, or None if a layer is
-  of a kind this module does not compute."""
+  """The network's layers as `_Layer`s, or None if a layer is of a kind this
+  module does not compute."""
   plan = []
-  for layer in getattr(q_network, 'layers', ()):
+  for index, layer in enumerate(getattr(q_network, 'layers', ())):
     if isinstance(layer, agents.DuelingHead):
       value, advantage = layer._value, layer._advantage  # pylint: disable=protected-access
       if not all(_is_plain_dense(d, 'linear') for d in (value, advantage)):
         return None
-      plan.append(('dueling', [value.kernel, value.bias, advantage.kernel, advantage.bias]))
+      plan.append(('dueling', [value.kernel, value.bias, advantage.kernel, advantage.bias], ()))
     elif _is_plain_dense(layer, 'relu'):
-      plan.append(('relu', [layer.kernel, layer.bias]))
+      plan.append(('relu', [layer.kernel, layer.bias], ()))
     elif _is_plain_dense(layer, 'linear'):
-      plan.append(('linear', [layer.kernel, layer.bias]))
+      plan.append(('linear', [layer.kernel, layer.bias], ()))
+    elif _is_plain_conv(layer):
+      plan.append(('conv', [layer.kernel, layer.bias], tuple(layer.strides)))
+    elif type(layer) is tf.keras.layers.Flatten and layer.compute_dtype == 'float32':  # pylint: disable=unidiomatic-typecheck
+      plan.append(('flatten', [], ()))
+    elif type(layer) is agents.ScaleByMaximum and index == 0:  # pylint: disable=unidiomatic-typecheck
+      plan.append(('scale', [], (layer.maximum,)))
     else:
       return None
   return plan or None
@@ -66,6 +87,41 @@ def _is_plain_dense(layer, activation: str) -> bool:
   # slightly other Q-values than the graph the agent trains.
   return (type(layer) is tf.keras.layers.Dense  # pylint: disable=unidiomatic-typecheck
           and layer.compute_dtype == 'float32' and layer.use_bias and layer.activation is getattr(tf.keras.activations, activation))
+
+
+def _is_plain_conv(layer) -> bool:
+  return (type(layer) is tf.keras.layers.Conv2D  # pylint: disable=unidiomatic-typecheck
+          and layer.compute_dtype == 'float32' and layer.use_bias
+          and layer.activation is tf.keras.activations.relu and layer.padding == 'valid'
+          and layer.data_format == 'channels_last' and tuple(layer.dilation_rate) == (1, 1)
+          and layer.groups == 1)
+
+
+def _multiply_adds(plan: List[_Layer], observation_shape: Sequence[int]) -> int:
+  """Multiply-adds of one observation's forward pass."""
+  shape, total = tuple(observation_shape), 0
+  if not any(kind == 'conv' for kind, _, _ in plan):
+    shape = (int(np.prod(shape)),)  # an MLP reads the observation flattened
+  for kind, variables, strides in plan:
+    if kind == 'conv':
+      kh, kw, channels, filters = variables[0].shape
+      shape = ((shape[0] - kh) // strides[0] + 1, (shape[1] - kw) // strides[1] + 1, filters)
+      total += shape[0] * shape[1] * kh * kw * channels * filters
+    elif kind == 'flatten':
+      shape = (int(np.prod(shape)),)
+    elif kind in ('relu', 'linear', 'dueling'):
+      for kernel in variables[::2]:
+        total += int(np.prod(kernel.shape))
+      shape = (int(variables[-2].shape[-1]),)
+  return total
+
+
+def _conv_relu(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray,
+               strides: Tuple[int, int]) -> np.ndarray:
+  """Keras' Conv2D with 'valid' padding and ReLU: [B, H, W, C] -> [B, H', W', F]."""
+  windows = sliding_window_view(x, kernel.shape[:2], axis=(1, 2))  # [B, H-kh+1, W-kw+1, C, kh, kw]
+  windows = windows[:, ::strides[0], ::strides[1]]
+  return np.maximum(np.tensordot(windows, kernel, axes=([4, 5, 3], [0, 1, 2])) + bias, 0.0)
 
 
 class HostQPolicy(py_policy.PyPolicy):
@@ -80,8 +136,11 @@ class HostQPolicy(py_policy.PyPolicy):
                epsilon: Optional[Callable[[], tf.Tensor]], batched: bool, seed: int):
     super().__init__(tensor_spec.to_array_spec(policy.time_step_spec),
                      tensor_spec.to_array_spec(policy.action_spec))
-    self._kinds = [kind for kind, _ in plan]
-    variables = [list(layer_variables) for _, layer_variables in plan]
+    self._kinds = [(kind, strides) for kind, _, strides in plan]
+    # An MLP reads the observation flattened (the networks have no Flatten
+    # layer for vector observations); a convolution reads it as an image.
+    self._flatten_input = not any(kind == 'conv' for kind, _, _ in plan)
+    variables = [list(layer_variables) for _, layer_variables, _ in plan]
     zero = lambda: tf.constant(0.0)
     # One traced call reads every weight and the epsilon: eagerly, reading six
     # variables and computing the epsilon schedule took 2 ms per refresh here
@@ -99,7 +158,7 @@ class HostQPolicy(py_policy.PyPolicy):
     # A stream of its own: gymnasium seeds its envs with default_rng(seed) too,
     # and the same draws for env starts and exploration would correlate them.
     self._rng = np.random.default_rng([seed, _EXPLORATION_STREAM])
-    self._weights: List[Tuple[str, List[np.ndarray]]] = []
+    self._weights: List[Tuple[Tuple[str, Tuple[int, ...]], List[np.ndarray]]] = []
     self.epsilon = 0.0
     self.refresh()
 
@@ -111,9 +170,18 @@ class HostQPolicy(py_policy.PyPolicy):
 
   def q_values(self, observation: np.ndarray) -> np.ndarray:
     """[B, num_actions] Q-values of a batch of observations."""
-    x = np.asarray(observation, np.float32).reshape(len(observation), -1)
-    for kind, w in self._weights:
-      if kind == 'relu':
+    x = np.asarray(observation)
+    if self._flatten_input:
+      x = x.reshape(len(x), -1)
+    x = x.astype(np.float32, copy=False)
+    for (kind, strides), w in self._weights:
+      if kind == 'scale':
+        x = x if strides[0] == 1 else x / np.float32(strides[0])
+      elif kind == 'conv':
+        x = _conv_relu(x, w[0], w[1], strides)
+      elif kind == 'flatten':
+        x = x.reshape(len(x), -1)
+      elif kind == 'relu':
         x = np.maximum(x @ w[0] + w[1], 0.0)
       elif kind == 'linear':
         x = x @ w[0] + w[1]
@@ -163,10 +231,14 @@ def for_tf_policy(policy: tf_policy.TFPolicy, batched: bool,
       or inner.info_spec != () or inner.policy_state_spec != ()):  # pylint: disable=g-explicit-bool-comparison
     return None
   observation_spec = inner.time_step_spec.observation
-  if not isinstance(observation_spec, tf.TensorSpec) or not observation_spec.dtype.is_floating:
+  if not isinstance(observation_spec, tf.TensorSpec):
     return None
   plan = _layers_of(inner._q_network)  # pylint: disable=protected-access
-  if plan is None:
+  if plan is None or _multiply_adds(plan, observation_spec.shape) > MAX_MULTIPLY_ADDS:
+    return None
+  # uint8 observations only where the network scales them first, as it does.
+  if not (observation_spec.dtype.is_floating or
+          (observation_spec.dtype == tf.uint8 and plan[0][0] == 'scale')):
     return None
   if epsilon is not None and not callable(epsilon):
     constant = float(epsilon)

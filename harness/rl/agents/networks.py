@@ -39,7 +39,7 @@ class DuelingHead(tf.keras.layers.Layer):
     return self._value(inputs) + advantage - tf.reduce_mean(advantage, axis=-1, keepdims=True)
 
 
-class _ScaleByMaximum(tf.keras.layers.Layer):
+class ScaleByMaximum(tf.keras.layers.Layer):
   """uint8 -> float32 in [0, 1]: x / maximum (a plain cast when the maximum is 1)."""
 
   def __init__(self, maximum: int, **kwargs):
@@ -163,7 +163,7 @@ def q_network(observation_spec, action_spec, fc_layer_params: Sequence[int],
     # uint8 observations keep the replay small; the network casts them to
     # floats in [0, 1] by the spec's maximum: pixels (0..255) are scaled by
     # 1/255, binary grids (MinAtar, 0/1) reach the first layer as 0.0 / 1.0.
-    layers.append(_ScaleByMaximum(_uint8_maximum(observation_spec)))
+    layers.append(ScaleByMaximum(_uint8_maximum(observation_spec)))
   for filters, kernel, stride in conv_layer_params or ():
     layers.append(tf.keras.layers.Conv2D(filters, kernel, stride, activation='relu',
                                          dtype=policy))
