@@ -45,15 +45,17 @@ from harness.rl import agents
 _EXPLORATION_STREAM = 0x51DE  # any constant other than what gymnasium adds
 
 # Multiply-adds per observation above which the compiled policy is faster here
-# (2 cores, a batch of four; docs/performance.md): MinAtar's network is about
+# (2 cores, a batch of four, timed beside a soak): MinAtar's network is about
 # 0.2M (numpy 0.12 ms, TF 0.8-1.1 ms a call), a two-conv net on 42x42 frames
-# 1.1M (numpy 1.8 ms, TF 1.5 ms), the Nature CNN on 84x84 frames 9M.
+# 1.1M (numpy 1.8 ms, TF 1.5 ms), the Nature CNN on 84x84 frames 9M (numpy
+# 27 ms, TF 4 ms).
 MAX_MULTIPLY_ADDS = 500_000
 
 
 # One step of the forward pass: x -> y, with the weights read by `refresh`:
-# (kind, variables, strides); kinds 'scale' (uint8 -> float by the maximum in
-# `strides`' place), 'conv' (ReLU), 'flatten', 'relu', 'linear', 'dueling'.
+# (kind, variables, params) of kinds 'scale' (uint8 -> float; params: the
+# maximum), 'conv' (ReLU; params: the strides), 'flatten', 'relu', 'linear',
+# 'dueling' (params: empty).
 _Layer = Tuple[str, List[tf.Variable], Tuple[int, ...]]
 
 
@@ -102,10 +104,10 @@ def _multiply_adds(plan: List[_Layer], observation_shape: Sequence[int]) -> int:
   shape, total = tuple(observation_shape), 0
   if not any(kind == 'conv' for kind, _, _ in plan):
     shape = (int(np.prod(shape)),)  # an MLP reads the observation flattened
-  for kind, variables, strides in plan:
+  for kind, variables, params in plan:
     if kind == 'conv':
       kh, kw, channels, filters = variables[0].shape
-      shape = ((shape[0] - kh) // strides[0] + 1, (shape[1] - kw) // strides[1] + 1, filters)
+      shape = ((shape[0] - kh) // params[0] + 1, (shape[1] - kw) // params[1] + 1, filters)
       total += shape[0] * shape[1] * kh * kw * channels * filters
     elif kind == 'flatten':
       shape = (int(np.prod(shape)),)
@@ -136,7 +138,7 @@ class HostQPolicy(py_policy.PyPolicy):
                epsilon: Optional[Callable[[], tf.Tensor]], batched: bool, seed: int):
     super().__init__(tensor_spec.to_array_spec(policy.time_step_spec),
                      tensor_spec.to_array_spec(policy.action_spec))
-    self._kinds = [(kind, strides) for kind, _, strides in plan]
+    self._kinds = [(kind, params) for kind, _, params in plan]
     # An MLP reads the observation flattened (the networks have no Flatten
     # layer for vector observations); a convolution reads it as an image.
     self._flatten_input = not any(kind == 'conv' for kind, _, _ in plan)
@@ -174,11 +176,11 @@ class HostQPolicy(py_policy.PyPolicy):
     if self._flatten_input:
       x = x.reshape(len(x), -1)
     x = x.astype(np.float32, copy=False)
-    for (kind, strides), w in self._weights:
+    for (kind, params), w in self._weights:
       if kind == 'scale':
-        x = x if strides[0] == 1 else x / np.float32(strides[0])
+        x = x if params[0] == 1 else x / np.float32(params[0])
       elif kind == 'conv':
-        x = _conv_relu(x, w[0], w[1], strides)
+        x = _conv_relu(x, w[0], w[1], params)
       elif kind == 'flatten':
         x = x.reshape(len(x), -1)
       elif kind == 'relu':
