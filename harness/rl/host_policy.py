@@ -99,11 +99,18 @@ def _is_plain_conv(layer) -> bool:
           and layer.groups == 1)
 
 
+def _reads_images(plan: List[_Layer]) -> bool:
+  """Whether the network reads observations as images (it has a convolution);
+  an MLP reads them flattened (the networks have no Flatten layer for vector
+  observations)."""
+  return any(kind == 'conv' for kind, _, _ in plan)
+
+
 def _multiply_adds(plan: List[_Layer], observation_shape: Sequence[int]) -> int:
   """Multiply-adds of one observation's forward pass."""
   shape, total = tuple(observation_shape), 0
-  if not any(kind == 'conv' for kind, _, _ in plan):
-    shape = (int(np.prod(shape)),)  # an MLP reads the observation flattened
+  if not _reads_images(plan):
+    shape = (int(np.prod(shape)),)
   for kind, variables, params in plan:
     if kind == 'conv':
       kh, kw, channels, filters = variables[0].shape
@@ -139,9 +146,7 @@ class HostQPolicy(py_policy.PyPolicy):
     super().__init__(tensor_spec.to_array_spec(policy.time_step_spec),
                      tensor_spec.to_array_spec(policy.action_spec))
     self._kinds = [(kind, params) for kind, _, params in plan]
-    # An MLP reads the observation flattened (the networks have no Flatten
-    # layer for vector observations); a convolution reads it as an image.
-    self._flatten_input = not any(kind == 'conv' for kind, _, _ in plan)
+    self._flatten_input = not _reads_images(plan)
     variables = [list(layer_variables) for _, layer_variables, _ in plan]
     zero = lambda: tf.constant(0.0)
     # One traced call reads every weight and the epsilon: eagerly, reading six

@@ -39,7 +39,6 @@ class FusedAdam(tf.keras.optimizers.Adam):
   def apply_gradients(self, grads_and_vars, *args, **kwargs):
     # The scalars serve one step only: two steps built in one graph (unrolled
     # by hand) must each read `iterations` and the rate afresh.
-    self._step_scalars_cache = None
     try:
       return super().apply_gradients(grads_and_vars, *args, **kwargs)
     finally:
