@@ -82,6 +82,51 @@ def test_the_mmap_threshold_is_a_gin_binding(binding, mmapped):
   assert (held_mib >= 10) == mmapped, f'{held_mib:.1f} MiB of 40 256-KiB blocks mmapped'
 
 
+# Threads that allocate at the same time, each of which glibc would give an arena
+# of its own; prints how many arenas malloc_info then reports.
+_ARENAS_OF_BUSY_THREADS = textwrap.dedent("""
+    import ctypes, re, sys, tempfile, threading
+    import gin
+    from harness.base import memory
+    gin.parse_config(sys.argv[1])
+    memory.configure_allocator()
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.fopen.restype = ctypes.c_void_p
+    start = threading.Barrier(8)
+    def allocate():
+      start.wait()
+      for _ in range(2000):
+        libc.free(libc.malloc(1000))
+    workers = [threading.Thread(target=allocate) for _ in range(8)]
+    for worker in workers: worker.start()
+    for worker in workers: worker.join()
+    with tempfile.NamedTemporaryFile('r') as report:
+      stream = libc.fopen(report.name.encode(), b'w')
+      libc.malloc_info(0, ctypes.c_void_p(stream))
+      libc.fclose(ctypes.c_void_p(stream))
+      print(len(re.findall('<heap nr=', report.read())))
+""")
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), 'malloc_info'), reason='glibc malloc_info')
+def test_max_arenas_caps_the_arenas_that_threads_get():
+  def arenas(binding: str) -> int:
+    return int(subprocess.run([sys.executable, '-c', _ARENAS_OF_BUSY_THREADS, binding],
+                              check=True, capture_output=True, text=True).stdout)
+
+  assert arenas('configure_allocator.max_arenas = 2') <= 2
+  # Without the cap the same threads spread over more: the test can tell the two apart.
+  assert arenas('') > 2
+
+
+@pytest.mark.parametrize('value', [0, -1, 2.5, True])
+def test_max_arenas_out_of_range_is_refused(value):
+  with pytest.raises(UsageError, match=f'max_arenas={value!r} must be'):
+    memory.configure_allocator(max_arenas=value)
+
+
 def test_a_mmap_threshold_out_of_range_is_refused():
   with pytest.raises(UsageError, match='mmap_threshold_kib=4 must be'):
     memory.configure_allocator(mmap_threshold_kib=4)

@@ -25,6 +25,15 @@ conv layers' gradients and activations (128 to 512 KiB each) would otherwise be
 recycled through the arenas between long-lived replay blocks, and a Breakout
 soak read +1.22 MB per 10,000 steps at 512 KiB against +0.90 and +0.95 at 128
 KiB, while the mmaps cost little beside the conv work itself.
+
+The number of malloc arenas is the other binding (`configure_allocator.max_arenas`).
+glibc gives each thread that contends for malloc an arena of its own, up to
+8 per core, and an arena keeps its freed pages in holes between live blocks.
+On MinAtar (a 100,000-item table turning over, the acting, trainer and Reverb
+threads all allocating) RSS settled upward for two table turnovers with the
+default arenas; with two it stayed nearly flat (docs/memory.md, "MinAtar").
+The limit is set with mallopt at start-up, before TensorFlow or Reverb start
+their threads, so no environment variable or re-exec is needed.
 """
 
 from __future__ import annotations
@@ -41,11 +50,13 @@ from harness.base.errors import UsageError
 # mallopt parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 # Blocks at least this large are mmapped and unmapped at free. A fixed value
 # also stops glibc's dynamic raising of the threshold (see the module doc).
 DEFAULT_MMAP_THRESHOLD_KIB = 512
 _MAX_KIB = 32 * 1024  # glibc's HEAP_MAX on 64-bit: mallopt refuses more
+_MAX_ARENAS = 1024  # far above glibc's own 8 per core; a typo guard, not a tuning limit
 
 
 def _glibc() -> Optional[ctypes.CDLL]:
@@ -60,33 +71,59 @@ _LIBC = _glibc()
 
 
 @gin.configurable
-def configure_allocator(mmap_threshold_kib: Optional[int] = DEFAULT_MMAP_THRESHOLD_KIB) -> bool:
-  """Pins glibc's mmap and trim thresholds; True where that took effect.
+def configure_allocator(mmap_threshold_kib: Optional[int] = DEFAULT_MMAP_THRESHOLD_KIB,
+                        max_arenas: Optional[int] = None) -> bool:
+  """Pins glibc's mmap and trim thresholds and caps its arenas; True where a
+  setting was asked for and took effect.
+
+  Call it before TensorFlow or Reverb start their threads: arenas that exist
+  already stay.
 
   Args:
     mmap_threshold_kib: blocks of at least this many KiB are mmapped and go back
       to the operating system at free; the heap is trimmed above it too. None
       leaves glibc's adaptive thresholds (and any allocator put in by
       LD_PRELOAD, e.g. jemalloc or tcmalloc) as they are.
+    max_arenas: at most this many malloc arenas for all threads (glibc's
+      `M_ARENA_MAX`, as the `MALLOC_ARENA_MAX` environment variable); None keeps
+      glibc's default of 8 per core.
   """
-  if mmap_threshold_kib is None:
-    logging.info('Allocator thresholds left to the C library (configure_allocator.'
+  _check_settings(mmap_threshold_kib, max_arenas)
+  if mmap_threshold_kib is None and max_arenas is None:
+    logging.info('Allocator settings left to the C library (configure_allocator.'
                  'mmap_threshold_kib=None)')
     return False
-  if (isinstance(mmap_threshold_kib, bool) or not isinstance(mmap_threshold_kib, int) or
-      not 16 <= mmap_threshold_kib <= _MAX_KIB):
-    raise UsageError(f'configure_allocator.mmap_threshold_kib={mmap_threshold_kib!r} must be an '
-                     f'integer from 16 to {_MAX_KIB} (KiB; glibc\'s limit is 32 MiB), or None '
-                     'for glibc\'s adaptive threshold: 512 for MLPs, 128 for Atari')
   if _LIBC is None:
     logging.info('Not glibc: allocator settings left as they are')
     return False
-  threshold = mmap_threshold_kib * 1024
-  ok = (_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold) == 1 and
-        _LIBC.mallopt(_M_TRIM_THRESHOLD, threshold) == 1)
-  if not ok:
-    logging.warning('mallopt refused the mmap/trim thresholds: RSS may creep on long runs')
+  ok = True
+  if mmap_threshold_kib is not None:
+    threshold = mmap_threshold_kib * 1024
+    ok = (_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold) == 1 and
+          _LIBC.mallopt(_M_TRIM_THRESHOLD, threshold) == 1)
+    if not ok:
+      logging.warning('mallopt refused the mmap/trim thresholds: RSS may creep on long runs')
+  else:
+    logging.info('mmap threshold left adaptive (configure_allocator.mmap_threshold_kib=None)')
+  if max_arenas is not None:
+    if _LIBC.mallopt(_M_ARENA_MAX, max_arenas) != 1:
+      logging.warning('mallopt refused max_arenas=%d: RSS may creep on long runs', max_arenas)
+      ok = False
   return ok
+
+
+def _check_settings(mmap_threshold_kib: Optional[int], max_arenas: Optional[int]) -> None:
+  def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+  if mmap_threshold_kib is not None and not (is_int(mmap_threshold_kib) and
+                                             16 <= mmap_threshold_kib <= _MAX_KIB):
+    raise UsageError(f'configure_allocator.mmap_threshold_kib={mmap_threshold_kib!r} must be an '
+                     f'integer from 16 to {_MAX_KIB} (KiB; glibc\'s limit is 32 MiB), or None '
+                     'for glibc\'s adaptive threshold: 512 for MLPs, 128 for Atari')
+  if max_arenas is not None and not (is_int(max_arenas) and 1 <= max_arenas <= _MAX_ARENAS):
+    raise UsageError(f'configure_allocator.max_arenas={max_arenas!r} must be an integer from 1 '
+                     f'to {_MAX_ARENAS}, or None for glibc\'s default (8 per core): 2 for MinAtar')
 
 
 def release_free_memory() -> None:
