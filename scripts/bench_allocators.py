@@ -39,6 +39,8 @@ _ADAPTIVE = ['configure_allocator.mmap_threshold_kib=None']
 ALLOCATORS = {
     'pin128': ({}, [], None),
     'glibc_arena2': ({'MALLOC_ARENA_MAX': '2'}, _ADAPTIVE, None),
+    # The same two arenas set by the harness itself (mallopt at start-up).
+    'adaptive_arenas2': ({}, _ADAPTIVE + ['configure_allocator.max_arenas=2'], None),
     'tf_bfc': ({'TF_CPU_ALLOCATOR_USE_BFC': 'true'}, [], None),
     'jemalloc': ({'LD_PRELOAD': f'{_LIB}/libjemalloc.so.2',
                   'MALLOC_CONF': 'background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0'},
