@@ -41,6 +41,11 @@ ALLOCATORS = {
     'glibc_arena2': ({'MALLOC_ARENA_MAX': '2'}, _ADAPTIVE, None),
     # The same two arenas set by the harness itself (mallopt at start-up).
     'adaptive_arenas2': ({}, _ADAPTIVE + ['configure_allocator.max_arenas=2'], None),
+    # TensorFlow's tensors from its BFC pool, set by the harness (configure_allocator.tf_cpu_pool):
+    # with the pin for the rest of malloc, or with glibc adaptive and two arenas.
+    'pool_pin128': ({}, ['configure_allocator.tf_cpu_pool=True'], None),
+    'pool_adaptive_arenas2': ({}, _ADAPTIVE + ['configure_allocator.max_arenas=2',
+                                               'configure_allocator.tf_cpu_pool=True'], None),
     'tf_bfc': ({'TF_CPU_ALLOCATOR_USE_BFC': 'true'}, [], None),
     'jemalloc': ({'LD_PRELOAD': f'{_LIB}/libjemalloc.so.2',
                   'MALLOC_CONF': 'background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0'},

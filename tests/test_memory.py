@@ -1,6 +1,7 @@
 """What keeps long runs flat: allocator settings (harness/base/memory.py) and leak-free counters."""
 
 import ctypes
+import os
 import subprocess
 import sys
 import textwrap
@@ -125,6 +126,39 @@ def test_max_arenas_caps_the_arenas_that_threads_get():
 def test_max_arenas_out_of_range_is_refused(value):
   with pytest.raises(UsageError, match=f'max_arenas={value!r} must be'):
     memory.configure_allocator(max_arenas=value)
+
+
+# TensorFlow imported first, as harness-train does, then the allocator settings,
+# then a 16 MiB tensor. The pool is capped at 1 MiB here, so the op fails where
+# TensorFlow's tensors come from the pool and runs where they come from malloc.
+_TENSOR_UNDER_A_1_MIB_POOL = textwrap.dedent("""
+    import sys
+    import gin
+    import tensorflow as tf
+    from harness.base import memory
+    gin.parse_config(sys.argv[1])
+    memory.configure_allocator()
+    try:
+      tf.reduce_sum(tf.ones([2**22]) * 2.0).numpy()
+      print('malloc')
+    except tf.errors.ResourceExhaustedError:
+      print('pool')
+""")
+
+
+@pytest.mark.parametrize('binding, source', [('', 'malloc'),
+                                             ('configure_allocator.tf_cpu_pool = True', 'pool')])
+def test_tf_cpu_pool_serves_tensorflows_tensors(binding, source):
+  env = {k: v for k, v in os.environ.items() if k != memory.TF_CPU_POOL_VARIABLE}
+  env['TF_CPU_BFC_MEM_LIMIT_IN_MB'] = '1'
+  out = subprocess.run([sys.executable, '-c', _TENSOR_UNDER_A_1_MIB_POOL, binding], env=env,
+                       check=True, capture_output=True, text=True).stdout
+  assert out.split()[-1] == source
+
+
+def test_tf_cpu_pool_must_be_a_bool():
+  with pytest.raises(UsageError, match="tf_cpu_pool='yes' must be True or False"):
+    memory.configure_allocator(tf_cpu_pool='yes')
 
 
 def test_a_mmap_threshold_out_of_range_is_refused():
