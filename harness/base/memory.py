@@ -26,9 +26,9 @@ recycled through the arenas between long-lived replay blocks, and a Breakout
 soak read +1.22 MB per 10,000 steps at 512 KiB against +0.90 and +0.95 at 128
 KiB, while the mmaps cost little beside the conv work itself.
 
-The number of malloc arenas is the other binding (`configure_allocator.max_arenas`).
-glibc gives each thread that contends for malloc an arena of its own, up to
-8 per core, and an arena keeps its freed pages in holes between live blocks.
+The number of malloc arenas is a second binding (`configure_allocator.max_arenas`).
+glibc gives each new thread an arena of its own at its first malloc, up to 8
+per core, and an arena keeps its freed pages in holes between live blocks.
 On MinAtar (a 100,000-item table turning over, the acting, trainer and Reverb
 threads all allocating) RSS settled upward for two table turnovers with the
 default arenas; with two it stayed nearly flat (docs/memory.md, "MinAtar").
@@ -37,14 +37,14 @@ their threads, so no environment variable or re-exec is needed.
 
 The third takes TensorFlow's tensors out of malloc altogether
 (`configure_allocator.tf_cpu_pool`): TensorFlow's own best-fit pool (BFC, as on
-GPUs) then serves every CPU tensor from regions it keeps. Nothing is mmapped or
-page-faulted per step, and the tensors that come and go at every gradient step
-no longer leave holes between malloc's long-lived blocks. The pool grows to the
-run's peak and keeps it. On Breakout with prioritized replay (100,000-step soak,
-with the 128 KiB pin for everything else) RSS grew +0.56 MB per 10,000 steps
-from outside, against +0.63 with the pin alone, at 158 agent steps/s against
-133 (docs/memory.md). TensorFlow reads the switch when it makes its CPU device,
-at its first op, so it is set before then, as the thread pools are.
+GPUs) then serves every CPU tensor from regions it keeps, so the tensors that
+come and go at every gradient step leave no holes between malloc's long-lived
+blocks. The pool grows to the run's peak and keeps it. On Breakout with
+prioritized replay and the 128 KiB pin for the rest of malloc: 143 agent
+steps/s against 137 with the pin alone (side by side, three pairs), and a
+100,000-step soak +0.56 MB per 10,000 steps from outside (docs/performance.md).
+TensorFlow reads the switch when it makes its CPU device, at its first op, so
+it is set before then, as the thread pools are.
 """
 
 from __future__ import annotations
