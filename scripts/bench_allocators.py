@@ -1,8 +1,8 @@
 """Learning-phase agent steps/s of an Atari run under each memory allocator, alternating.
 
-Issue 29's comparison: glibc with the mmap threshold pinned at 128 KiB (what
-gin/ddqn_atari.gin ships) against the alternatives that leave glibc's adaptive
-threshold alone or replace malloc. Each setting is a `harness-train` run of
+Issue 29's comparison: glibc with the mmap threshold pinned at 128 KiB and
+TensorFlow's tensors from its own pool (what gin/ddqn_atari.gin ships) against
+the alternatives that leave glibc's adaptive threshold alone or replace malloc. Each setting is a `harness-train` run of
 --gin_file (default: gin/ddqn_atari.gin as shipped, overlap on) with its own
 environment and bindings; the settings take turns for `--pairs` rounds, one run
 at a time on an otherwise idle machine.
@@ -34,18 +34,22 @@ import bench_overlap  # pylint: disable=g-import-not-at-top  (the scripts share 
 
 _LIB = '/usr/lib/x86_64-linux-gnu'
 # name -> (environment added, bindings added, library that must exist or None).
-# Where malloc is replaced or left adaptive, the harness's mallopt pin is turned off.
-_ADAPTIVE = ['configure_allocator.mmap_threshold_kib=None']
+# Every setting says whether TensorFlow's pool is on, whatever the gin file ships, and
+# where malloc is replaced or left adaptive, the harness's mallopt pin is turned off.
+_POOL = ['configure_allocator.tf_cpu_pool=True']
+_NO_POOL = ['configure_allocator.tf_cpu_pool=False']
+_ADAPTIVE = ['configure_allocator.mmap_threshold_kib=None'] + _NO_POOL
+_ARENAS2 = ['configure_allocator.max_arenas=2']
 ALLOCATORS = {
-    'pin128': ({}, [], None),
+    # The 128 KiB pin with TensorFlow's BFC pool (configure_allocator.tf_cpu_pool): as shipped.
+    'pool_pin128': ({}, _POOL, None),
+    'pin128': ({}, _NO_POOL, None),  # the pin alone (shipped until the pool)
     'glibc_arena2': ({'MALLOC_ARENA_MAX': '2'}, _ADAPTIVE, None),
     # The same two arenas set by the harness itself (mallopt at start-up).
-    'adaptive_arenas2': ({}, _ADAPTIVE + ['configure_allocator.max_arenas=2'], None),
-    # TensorFlow's tensors from its BFC pool, set by the harness (configure_allocator.tf_cpu_pool):
-    # with the pin for the rest of malloc, or with glibc adaptive and two arenas.
-    'pool_pin128': ({}, ['configure_allocator.tf_cpu_pool=True'], None),
-    'pool_adaptive_arenas2': ({}, _ADAPTIVE + ['configure_allocator.max_arenas=2',
-                                               'configure_allocator.tf_cpu_pool=True'], None),
+    'adaptive_arenas2': ({}, _ADAPTIVE + _ARENAS2, None),
+    'pool_adaptive_arenas2': ({}, ['configure_allocator.mmap_threshold_kib=None'] + _ARENAS2 +
+                              _POOL, None),
+    # The pool by TensorFlow's own environment variable (the same switch as pool_pin128).
     'tf_bfc': ({'TF_CPU_ALLOCATOR_USE_BFC': 'true'}, [], None),
     'jemalloc': ({'LD_PRELOAD': f'{_LIB}/libjemalloc.so.2',
                   'MALLOC_CONF': 'background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0'},

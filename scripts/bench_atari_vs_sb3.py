@@ -9,10 +9,10 @@ otherwise idle machine. Prints each run, the median of each side and their ratio
   python scripts/bench_atari_vs_sb3.py --sb3_python=/work/sb3venv/bin/python --pairs=3
   python scripts/bench_atari_vs_sb3.py --sb3_python=/work/sb3venv/bin/python --game=Pong
   python scripts/bench_atari_vs_sb3.py --sb3_python=/work/sb3venv/bin/python \
-      --harness=pin128+float32 --harness=pin128 --harness=jemalloc+bfloat16
+      --harness=pool_pin128 --harness=pin128 --harness=jemalloc+bfloat16
 
 Each --harness is a setting of the harness side: an allocator of
-scripts/bench_allocators.py (pin128 is what the file ships), optionally with
+scripts/bench_allocators.py (pool_pin128 is what the file ships), optionally with
 `+float32` or `+bfloat16` for make_agent.compute_dtype (without it, the file's own
 'auto': bfloat16 where the hardware has bfloat16 units). Every setting takes its
 turn in each pair, and each gets its ratio to SB3.
@@ -38,8 +38,8 @@ _SB3_PYTHON = flags.DEFINE_string('sb3_python', None, 'Python of a venv with '
 _GAME = flags.DEFINE_string('game', 'Breakout', 'ALE game: ALE/<game>-v5 for the harness, '
                             '<game>NoFrameskip-v4 (wrapped as the Zoo does) for SB3.')
 _HARNESS = flags.DEFINE_multi_string(
-    'harness', ['pin128'], 'Harness settings: ALLOCATOR or ALLOCATOR+DTYPE (float32 or '
-    f'bfloat16), with ALLOCATOR one of {", ".join(bench_allocators.ALLOCATORS)} (pin128 '
+    'harness', ['pool_pin128'], 'Harness settings: ALLOCATOR or ALLOCATOR+DTYPE (float32 or '
+    f'bfloat16), with ALLOCATOR one of {", ".join(bench_allocators.ALLOCATORS)} (pool_pin128 '
     'alone: as shipped).')
 
 
