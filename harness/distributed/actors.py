@@ -140,9 +140,11 @@ def _configure(spec: JobSpec, job: str, collector_id: int = 0):
   experiment.parse_gin(spec.gin_files, spec.gin_bindings)
   cfg = experiment.settings_from_gin(root_dir=spec.root_dir, job=job, replay_address=None,
                                      collector_id=collector_id).validate()
-  threads.configure_threads()  # before TensorFlow runs an op
-  parts.seed_everything(cfg.seed)
+  # Both before TensorFlow runs an op: it picks its CPU allocator (tf_cpu_pool) and
+  # sizes its thread pools once.
   memory.configure_allocator()
+  threads.configure_threads()
+  parts.seed_everything(cfg.seed)
   return cfg, settings.Distributed()
 
 
