@@ -106,9 +106,7 @@ def configure_allocator(mmap_threshold_kib: Optional[int] = DEFAULT_MMAP_THRESHO
       (the `TF_CPU_ALLOCATOR_USE_BFC` environment variable, which wins where a
       user has set it).
   """
-  _check_settings(mmap_threshold_kib, max_arenas)
-  if not isinstance(tf_cpu_pool, bool):
-    raise UsageError(f'configure_allocator.tf_cpu_pool={tf_cpu_pool!r} must be True or False')
+  _check_settings(mmap_threshold_kib, max_arenas, tf_cpu_pool)
   if tf_cpu_pool:
     _use_tf_cpu_pool()
   if mmap_threshold_kib is None and max_arenas is None:
@@ -147,7 +145,8 @@ def _use_tf_cpu_pool() -> None:
                os.environ[TF_CPU_POOL_VARIABLE])
 
 
-def _check_settings(mmap_threshold_kib: Optional[int], max_arenas: Optional[int]) -> None:
+def _check_settings(mmap_threshold_kib: Optional[int], max_arenas: Optional[int],
+                    tf_cpu_pool: bool) -> None:
   def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -159,6 +158,8 @@ def _check_settings(mmap_threshold_kib: Optional[int], max_arenas: Optional[int]
   if max_arenas is not None and not (is_int(max_arenas) and 1 <= max_arenas <= _MAX_ARENAS):
     raise UsageError(f'configure_allocator.max_arenas={max_arenas!r} must be an integer from 1 '
                      f'to {_MAX_ARENAS}, or None for glibc\'s default (8 per core): 2 for MinAtar')
+  if not isinstance(tf_cpu_pool, bool):
+    raise UsageError(f'configure_allocator.tf_cpu_pool={tf_cpu_pool!r} must be True or False')
 
 
 def release_free_memory() -> None:
