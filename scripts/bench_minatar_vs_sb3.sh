@@ -3,25 +3,38 @@
 # gradient step per 4 frames), PAIRS pairs; prints each side's results line.
 #   SB3_PYTHON=/tmp/sb3/bin/python bash scripts/bench_minatar_vs_sb3.sh [GAME] [FRAMES] [PAIRS]
 # SB3_PYTHON: a venv with torch, stable-baselines3 and minatar (scripts/sb3_minatar.py).
+# VARIANTS (optional): harness settings that each take a turn in every pair, separated
+# by spaces, each 'shipped' (the file as it is) or LABEL=BINDINGS (gin bindings separated
+# by ';'), e.g.
+#   VARIANTS="shipped bf16=make_agent.compute_dtype='bfloat16';configure_allocator.tf_cpu_pool=True"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GAME=${1:-Breakout}; FRAMES=${2:-100000}; PAIRS=${3:-2}
 SB3_PYTHON=${SB3_PYTHON:?set SB3_PYTHON to the python of a venv with stable-baselines3}
 ROOT=$(mktemp -d)
+VARIANTS=${VARIANTS:-shipped}
 for pair in $(seq "$PAIRS"); do
-  rm -rf "$ROOT/run"
-  python -m harness.train --root_dir="$ROOT/run" --gin_file=gin/ddqn_minatar.gin \
-    --gin_bindings="make_env.env_id='MinAtar/$GAME-v0'" \
-    --gin_bindings=train_eval.num_env_steps="$FRAMES" \
-    --gin_bindings=train_eval.eval_interval=100000000 \
-    --gin_bindings=train_eval.checkpoint_interval=100000000 > "$ROOT/harness.log" 2>&1
-  python - "$ROOT/run/results.json" "$pair" <<'PY'
+  for variant in $VARIANTS; do
+    label=harness; extra=()
+    if [ "$variant" != shipped ]; then
+      label="harness[${variant%%=*}]"
+      IFS=';' read -ra bindings <<< "${variant#*=}"
+      for binding in "${bindings[@]}"; do extra+=(--gin_bindings="$binding"); done
+    fi
+    rm -rf "$ROOT/run"
+    python -m harness.train --root_dir="$ROOT/run" --gin_file=gin/ddqn_minatar.gin \
+      --gin_bindings="make_env.env_id='MinAtar/$GAME-v0'" \
+      --gin_bindings=train_eval.num_env_steps="$FRAMES" \
+      --gin_bindings=train_eval.eval_interval=100000000 \
+      --gin_bindings=train_eval.checkpoint_interval=100000000 "${extra[@]}" > "$ROOT/harness.log" 2>&1
+    python - "$ROOT/run/results.json" "$label pair $pair" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print('harness pair', sys.argv[2], json.dumps({k: r[k] for k in (
+print(sys.argv[2], json.dumps({k: r[k] for k in (
     'wall_seconds', 'env_steps', 'train_step', 'train_return_last100', 'final_return')}
     | {'env_steps_per_sec': round(r['env_steps'] / r['wall_seconds'], 1)}))
 PY
+  done
   echo "sb3 pair $pair $("$SB3_PYTHON" scripts/sb3_minatar.py --game="$GAME" --frames="$FRAMES" 2>/dev/null | tail -1)"
 done
 rm -rf "$ROOT"

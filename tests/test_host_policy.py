@@ -118,11 +118,36 @@ def test_small_convolutional_networks_act_in_numpy_as_the_tf_policy(maximum, con
   assert len(seen) > 1  # the actions depend on the observation
 
 
-def test_large_or_bfloat16_convolutional_networks_keep_the_compiled_policy():
-  """The Nature CNN on Atari frames is faster in TF; bfloat16 layers are not computed in numpy."""
+def test_large_convolutional_networks_keep_the_compiled_policy():
+  """The Nature CNN on Atari frames is faster in TF."""
   nature = _image_agent((84, 84, 4), 255, ((32, 8, 4), (64, 4, 2), (64, 3, 1)),
                         fc_layer_params=(512,))
-  bfloat16 = _image_agent((10, 10, 4), 1, ((16, 3, 1),), compute_dtype='bfloat16')
-  for agent in (nature, bfloat16):
-    assert host_policy.for_tf_policy(agent.policy, batched=True, seed=0) is None
-    assert host_policy.for_tf_policy(agent.collect_policy, batched=True, seed=0) is None
+  assert host_policy.for_tf_policy(nature.policy, batched=True, seed=0) is None
+  assert host_policy.for_tf_policy(nature.collect_policy, batched=True, seed=0) is None
+
+
+def test_bfloat16_networks_act_in_numpy_on_their_float32_weights():
+  """A bfloat16 network is computed in float32 from its float32 weights: exactly
+  the float32 network with the same weights, and within bfloat16's rounding of
+  the graph's own Q-values."""
+  tf.keras.utils.set_random_seed(0)
+  bfloat16 = _image_agent((10, 10, 4), 1, ((16, 3, 1),), fc_layer_params=(32,),
+                          compute_dtype='bfloat16')
+  float32 = _image_agent((10, 10, 4), 1, ((16, 3, 1),), fc_layer_params=(32,))
+  float32._q_network.set_weights(bfloat16._q_network.get_weights())  # pylint: disable=protected-access
+  host = host_policy.for_tf_policy(bfloat16.collect_policy, batched=True, seed=0)
+  assert isinstance(host, host_policy.HostQPolicy)
+  rng = np.random.default_rng(0)
+  agree = 0
+  for _ in range(50):
+    batch = rng.integers(0, 2, (4, 10, 10, 4)).astype(np.uint8)
+    q_host = host.q_values(batch)
+    np.testing.assert_allclose(q_host, float32._q_network(batch)[0].numpy(),  # pylint: disable=protected-access
+                               rtol=1e-5, atol=1e-6)
+    q_bfloat16 = bfloat16._q_network(batch)[0].numpy()  # pylint: disable=protected-access
+    assert q_bfloat16.dtype == np.float32
+    assert not np.array_equal(q_host, q_bfloat16)  # the graph did compute in bfloat16
+    scale = np.abs(q_host).max()
+    np.testing.assert_allclose(q_host, q_bfloat16, rtol=0, atol=0.02 * scale)
+    agree += np.sum(np.argmax(q_host, -1) == np.argmax(q_bfloat16, -1))
+  assert agree >= 0.9 * 200  # the same greedy action but at near-ties

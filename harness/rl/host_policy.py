@@ -8,9 +8,13 @@ observations is a few tens of microseconds in numpy. A CartPole run makes
 about 23,500 policy calls, a one-env MountainCar run 120,000: there the TF call
 alone was a tenth to a fifth of the run. TF-Agents has no host-side policy, so
 this one is ours, and only for what it can check it computes exactly: the
-float32 networks `harness.rl.agents` builds from Dense layers (a plain or a
-dueling head) and small 'valid' ReLU convolutions, on float observations or
-uint8 ones that the network scales by their maximum (MinAtar's 0/1 grids).
+networks `harness.rl.agents` builds from Dense layers (a plain or a dueling
+head) and small 'valid' ReLU convolutions, on float observations or uint8 ones
+that the network scales by their maximum (MinAtar's 0/1 grids). Layers that
+compute in bfloat16 (`make_agent.compute_dtype`) keep float32 weights; numpy
+computes them in float32, the function those weights define, which the
+bfloat16 graph rounds (Q-values within about 1 % of it; an argmax can differ
+only where two actions' Q-values are that close).
 On MinAtar four policy calls per 16 frames were half the acting thread's time
 (py-spy), nearly all of it TF's per-call cost. Anything else, and networks of
 more than `MAX_MULTIPLY_ADDS` per observation (the Nature CNN on Atari frames:
@@ -75,7 +79,7 @@ def _layers_of(q_network) -> Optional[List[_Layer]]:
       plan.append(('linear', [layer.kernel, layer.bias], ()))
     elif _is_plain_conv(layer):
       plan.append(('conv', [layer.kernel, layer.bias], tuple(layer.strides)))
-    elif type(layer) is tf.keras.layers.Flatten and layer.compute_dtype == 'float32':  # pylint: disable=unidiomatic-typecheck
+    elif type(layer) is tf.keras.layers.Flatten:  # pylint: disable=unidiomatic-typecheck
       plan.append(('flatten', [], ()))
     elif type(layer) is agents.ScaleByMaximum and index == 0:  # pylint: disable=unidiomatic-typecheck
       plan.append(('scale', [], (layer.maximum,)))
@@ -84,16 +88,23 @@ def _layers_of(q_network) -> Optional[List[_Layer]]:
   return plan or None
 
 
+def _has_float32_weights(layer) -> bool:
+  """float32 weights, computed in float32 or (mixed_bfloat16) in bfloat16: numpy
+  computes both in float32. On MinAtar the bfloat16 step is about 17 % cheaper
+  (docs/performance.md), and keeping the compiled policy for it cost more in
+  acting than that saved."""
+  return layer.variable_dtype == 'float32' and layer.compute_dtype in ('float32', 'bfloat16')
+
+
 def _is_plain_dense(layer, activation: str) -> bool:
-  # bfloat16 layers are left to the compiled policy: float32 numpy would act on
-  # slightly other Q-values than the graph the agent trains.
   return (type(layer) is tf.keras.layers.Dense  # pylint: disable=unidiomatic-typecheck
-          and layer.compute_dtype == 'float32' and layer.use_bias and layer.activation is getattr(tf.keras.activations, activation))
+          and _has_float32_weights(layer) and layer.use_bias
+          and layer.activation is getattr(tf.keras.activations, activation))
 
 
 def _is_plain_conv(layer) -> bool:
   return (type(layer) is tf.keras.layers.Conv2D  # pylint: disable=unidiomatic-typecheck
-          and layer.compute_dtype == 'float32' and layer.use_bias
+          and _has_float32_weights(layer) and layer.use_bias
           and layer.activation is tf.keras.activations.relu and layer.padding == 'valid'
           and layer.data_format == 'channels_last' and tuple(layer.dilation_rate) == (1, 1)
           and layer.groups == 1)
