@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The harness and SB3 alternating on one MinAtar game, same frames and cadence (one
-# gradient step per 4 frames), PAIRS pairs; prints each side's results line.
+# gradient step per 4 frames), PAIRS pairs; prints each side's results line: env steps/s
+# over the whole wall time (the harness's includes its Reverb server, first trace and
+# final checkpoint with policy exports; SB3's only model.learn) and over the learning phase
+# (from the first step after the 5,000 random frames to the last, the same on both sides).
 #   SB3_PYTHON=/tmp/sb3/bin/python bash scripts/bench_minatar_vs_sb3.sh [GAME] [FRAMES] [PAIRS]
 # SB3_PYTHON: a venv with torch, stable-baselines3 and minatar (scripts/sb3_minatar.py).
 # VARIANTS (optional): harness settings that each take a turn in every pair, separated
@@ -26,13 +29,22 @@ for pair in $(seq "$PAIRS"); do
       --gin_bindings="make_env.env_id='MinAtar/$GAME-v0'" \
       --gin_bindings=train_eval.num_env_steps="$FRAMES" \
       --gin_bindings=train_eval.eval_interval=100000000 \
-      --gin_bindings=train_eval.checkpoint_interval=100000000 "${extra[@]}" > "$ROOT/harness.log" 2>&1
-    python - "$ROOT/run/results.json" "$label pair $pair" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
+      --gin_bindings=train_eval.checkpoint_interval=100000000 \
+      --gin_bindings=train_eval.log_interval=5000 "${extra[@]}" > "$ROOT/harness.log" 2>&1
+    python - "$ROOT/run" "$label pair $pair" <<'PY'
+import csv, json, os, sys
+r = json.load(open(os.path.join(sys.argv[1], 'results.json')))
+# The learning phase, as SB3's side measures it: from the first metrics row after the
+# 5,000 random frames to the last row (the final checkpoint and exports come after it).
+rows = [row for row in csv.DictReader(open(os.path.join(sys.argv[1], 'metrics.csv')))
+        if int(row['env_steps']) >= 5000]
+first, last = rows[0], rows[-1]
+rate = ((int(last['env_steps']) - int(first['env_steps']))
+        / (float(last['wall_time']) - float(first['wall_time'])))
 print(sys.argv[2], json.dumps({k: r[k] for k in (
     'wall_seconds', 'env_steps', 'train_step', 'train_return_last100', 'final_return')}
-    | {'env_steps_per_sec': round(r['env_steps'] / r['wall_seconds'], 1)}))
+    | {'env_steps_per_sec': round(r['env_steps'] / r['wall_seconds'], 1),
+       'learning_phase_env_steps_per_sec': round(rate, 1)}))
 PY
   done
   echo "sb3 pair $pair $("$SB3_PYTHON" scripts/sb3_minatar.py --game="$GAME" --frames="$FRAMES" 2>/dev/null | tail -1)"

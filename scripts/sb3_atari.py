@@ -17,10 +17,15 @@ get; use a venv of their own (README, "Benchmarks"):
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import gymnasium as gym
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import zoo_reference  # pylint: disable=wrong-import-position  (the learning-phase clock)
 
 # The Zoo's `atari` block of hyperparams/dqn.yml (buffer_size and learning_starts
 # come from the command line: the Zoo's 100,000 each are a 10M-step run's).
@@ -41,36 +46,20 @@ def main() -> None:
   import ale_py  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   from stable_baselines3 import DQN  # pylint: disable=g-import-not-at-top
-  from stable_baselines3.common.callbacks import BaseCallback  # pylint: disable=g-import-not-at-top
   from stable_baselines3.common.env_util import make_atari_env  # pylint: disable=g-import-not-at-top
   from stable_baselines3.common.vec_env import VecFrameStack  # pylint: disable=g-import-not-at-top
 
   gym.register_envs(ale_py)
   torch.set_num_threads(args.threads)
 
-  class LearningPhaseClock(BaseCallback):
-    """(wall time, agent steps) at the first step after learning starts and at the end."""
-
-    def __init__(self):
-      super().__init__()
-      self.first = None
-      self.last = None
-
-    def _on_step(self) -> bool:
-      if self.num_timesteps > args.learning_starts:
-        now = (time.perf_counter(), self.num_timesteps)
-        self.first = self.first or now
-        self.last = now
-      return True
-
   env = VecFrameStack(make_atari_env(args.env_id, n_envs=1, seed=args.seed), n_stack=4)
   model = DQN('CnnPolicy', env, seed=args.seed, verbose=0, device='cpu',
               buffer_size=args.buffer_size, learning_starts=args.learning_starts, **SETTINGS)
-  clock = LearningPhaseClock()
+  clock = zoo_reference.learning_phase_clock(args.learning_starts)
   start = time.time()
   model.learn(total_timesteps=args.steps, callback=clock)
   wall = time.time() - start
-  rate = (clock.last[1] - clock.first[1]) / (clock.last[0] - clock.first[0])
+  rate = clock.rate()
   episodes = model.ep_info_buffer
   print(json.dumps({
       'system': 'sb3', 'env_id': args.env_id, 'seed': args.seed, 'agent_steps': args.steps,

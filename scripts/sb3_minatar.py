@@ -7,7 +7,9 @@ and epsilon schedule as `gin/ddqn_minatar.gin`, then prints one JSON line with
 the fields results.json has: `train_return_last100` (the mean return of the
 last 100 training episodes, the published curves' protocol), the final greedy
 policy's `final_return` over `--episodes` episodes, `env_steps`, `wall_seconds`
-(training only) and `env_steps_per_sec`.
+(training only) and `env_steps_per_sec`, and `learning_phase_env_steps_per_sec`
+(from the first step after the random frames to the last: what the harness's
+metrics rows give, model building and the final evaluation left out on both sides).
 
 What cannot be the same: SB3's DQN has no Double-DQN target (the harness's
 agent is Double DQN), and it steps one env where the gin file steps four as a
@@ -114,8 +116,9 @@ def main() -> None:
                                  net_arch=[], normalize_images=False,
                                  optimizer_kwargs=dict(eps=ADAM_EPSILON)),
               **settings)
+  clock = zoo_reference.learning_phase_clock(SETTINGS['learning_starts'])
   start = time.time()
-  model.learn(total_timesteps=args.frames)
+  model.learn(total_timesteps=args.frames, callback=clock)
   wall = time.time() - start
   last100 = collections.deque(env.get_episode_rewards(), maxlen=100)
   returns = zoo_reference.evaluate(model, None, args.episodes, seed=20_000 + args.seed,
@@ -126,7 +129,8 @@ def main() -> None:
       'final_return': float(returns.mean()), 'final_return_std': float(returns.std()),
       'episodes': len(env.get_episode_rewards()), 'env_steps': args.frames,
       'train_freq': args.train_freq, 'wall_seconds': round(wall, 1),
-      'env_steps_per_sec': round(args.frames / wall, 1), 'threads': args.threads}))
+      'env_steps_per_sec': round(args.frames / wall, 1),
+      'learning_phase_env_steps_per_sec': round(clock.rate(), 1), 'threads': args.threads}))
 
 
 if __name__ == '__main__':

@@ -58,6 +58,33 @@ EVAL_PROTOCOL = {'CartPole-v1': (2500, 10), 'Acrobot-v1': (5000, 10),
                  'LunarLander-v3': (5000, 10), 'MountainCar-v0': (5000, 10)}
 
 
+def learning_phase_clock(learning_starts: int):
+  """An SB3 callback that notes (wall time, env steps) at the first step after
+  `learning_starts` and at every step after it; `.rate()` is the env steps per
+  second of the learning phase (random steps, model building and the final
+  evaluation left out, as the harness's rate from its metrics rows)."""
+  from stable_baselines3.common.callbacks import BaseCallback  # pylint: disable=g-import-not-at-top
+
+  class LearningPhaseClock(BaseCallback):
+
+    def __init__(self):
+      super().__init__()
+      self.first = None
+      self.last = None
+
+    def _on_step(self) -> bool:
+      if self.num_timesteps > learning_starts:
+        now = (time.perf_counter(), self.num_timesteps)
+        self.first = self.first or now
+        self.last = now
+      return True
+
+    def rate(self) -> float:
+      return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
+
+  return LearningPhaseClock()
+
+
 def evaluate(model, task: str, episodes: int, seed: int, env=None) -> np.ndarray:
   """Returns of `episodes` greedy episodes of `model` on `env` (default: gym.make(task)),
   episode i reset with seed + i."""
