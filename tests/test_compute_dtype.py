@@ -80,9 +80,17 @@ def test_a_float32_checkpoint_restores_into_a_bfloat16_network(tmp_path):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_the_numpy_host_policy_leaves_a_bfloat16_mlp_to_the_compiled_policy():
+def test_the_numpy_host_policy_computes_a_bfloat16_mlp_on_its_float32_weights():
+  """Both dtypes act in numpy; the bfloat16 one within bfloat16's rounding of its graph
+  (tests/test_host_policy.py checks the conv networks the same way)."""
   assert host_policy.for_tf_policy(_built(VECTOR, 'float32').agent.policy, True, 0) is not None
-  assert host_policy.for_tf_policy(_built(VECTOR, 'bfloat16').agent.policy, True, 0) is None
+  agent = _built(VECTOR, 'bfloat16').agent
+  host = host_policy.for_tf_policy(agent.policy, True, 0)
+  assert isinstance(host, host_policy.HostQPolicy)
+  observations = np.random.default_rng(0).normal(0, 2, (8, 4)).astype(np.float32)
+  q_graph = agent._q_network(observations)[0].numpy()  # pylint: disable=protected-access
+  q_host = host.q_values(observations)
+  np.testing.assert_allclose(q_host, q_graph, rtol=0, atol=0.02 * np.abs(q_host).max())
 
 
 def test_an_unknown_compute_dtype_gets_one_line_naming_the_binding():
