@@ -32,7 +32,8 @@ per core, and an arena keeps its freed pages in holes between live blocks.
 On MinAtar (a 100,000-item table turning over, the acting, trainer and Reverb
 threads all allocating) RSS settled upward over the first table turnovers:
 +4.1 MB per 100,000 frames over a 1M-frame soak with the default arenas, +1.7
-with two, and flat over the last 500,000 frames (docs/memory.md, "MinAtar").
+with two, +0.7 with two and TensorFlow's pool (`tf_cpu_pool`, which the MinAtar
+file also sets; docs/memory.md, "MinAtar").
 The limit is set with mallopt at start-up, before TensorFlow or Reverb start
 their threads, so no environment variable or re-exec is needed.
 

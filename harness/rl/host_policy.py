@@ -7,8 +7,8 @@ included; docs/benchmarks.md), while a (256, 256) MLP on a batch of four
 observations is a few tens of microseconds in numpy. A CartPole run makes
 about 23,500 policy calls, a one-env MountainCar run 120,000: there the TF call
 alone was a tenth to a fifth of the run. TF-Agents has no host-side policy, so
-this one is ours, and only for what it can check it computes exactly: the
-networks `harness.rl.agents` builds from Dense layers (a plain or a dueling
+this one is ours, and only for what it can check it computes as the network
+does: the networks `harness.rl.agents` builds from Dense layers (a plain or a dueling
 head) and small 'valid' ReLU convolutions, on float observations or uint8 ones
 that the network scales by their maximum (MinAtar's 0/1 grids). Layers that
 compute in bfloat16 (`make_agent.compute_dtype`) keep float32 weights; numpy
