@@ -9,13 +9,15 @@ otherwise idle machine. Prints each run, the median of each side and their ratio
   python scripts/bench_atari_vs_sb3.py --sb3_python=/work/sb3venv/bin/python --pairs=3
   python scripts/bench_atari_vs_sb3.py --sb3_python=/work/sb3venv/bin/python --game=Pong
   python scripts/bench_atari_vs_sb3.py --sb3_python=/work/sb3venv/bin/python \
-      --harness=pool_pin128 --harness=pin128 --harness=jemalloc+bfloat16
+      --harness=pool_pin128 --harness=pin128 --harness=jemalloc+bfloat16 \
+      --harness='pool_pin128;configure_threads.intra_op_threads=1'
 
 Each --harness is a setting of the harness side: an allocator of
 scripts/bench_allocators.py (pool_pin128 is what the file ships), optionally with
 `+float32` or `+bfloat16` for make_agent.compute_dtype (without it, the file's own
-'auto': bfloat16 where the hardware has bfloat16 units). Every setting takes its
-turn in each pair, and each gets its ratio to SB3.
+'auto': bfloat16 where the hardware has bfloat16 units), then optionally gin
+bindings of that setting alone, each after a `;`. Every setting takes its turn in
+each pair, and each gets its ratio to SB3.
 """
 
 from __future__ import annotations
@@ -44,17 +46,19 @@ _HARNESS = flags.DEFINE_multi_string(
 
 
 def harness_runner(setting: str):
-  """A runner of one harness setting ('jemalloc+bfloat16'): returns agent steps/s."""
-  allocator, _, dtype = setting.partition('+')
+  """A runner of one harness setting ('jemalloc+bfloat16;binding'): returns agent steps/s."""
+  setting_bindings = setting.split(';')
+  allocator, _, dtype = setting_bindings.pop(0).partition('+')
   if allocator not in bench_allocators.ALLOCATORS or dtype not in ('', 'float32', 'bfloat16'):
     raise app.UsageError(f'--harness={setting}: use ALLOCATOR or ALLOCATOR+DTYPE (float32 or '
                          f'bfloat16), with ALLOCATOR one of '
                          f'{", ".join(bench_allocators.ALLOCATORS)}')
   environment, bindings, _ = bench_allocators.ALLOCATORS[allocator]
-  bindings = [*bindings, 'train_eval.overlap_training=True']
+  bindings = [*bindings, 'train_eval.overlap_training=True', *setting_bindings]
   if dtype:
     bindings.append(f"make_agent.compute_dtype='{dtype}'")
-  return lambda out_dir: bench_overlap.run_harness(setting, out_dir, bindings, environment)
+  name = setting.replace(';', '_').replace('=', '-').replace("'", '')  # a folder name
+  return lambda out_dir: bench_overlap.run_harness(name, out_dir, bindings, environment)
 
 
 def sb3_rate(python: str) -> float:
