@@ -5,8 +5,11 @@ the classic-control configs, splitting one small matmul over two threads costs
 more than it saves: a MountainCar gradient step (batch 128, with Reverb
 sampling) took 2.39 to 2.54 ms with one intra-op thread against 2.73 to 3.85 ms
 with two, three runs each alternating (`docs/performance.md`). Atari's conv
-layers gain from two (27 against 37 ms per Nature-CNN step, STACK-FACTS), so the
-default leaves TensorFlow's choice and the classic-control gin files set one.
+layers gain from two in a gradient step alone (27 against 37 ms per Nature-CNN step,
+STACK-FACTS), so the default leaves TensorFlow's choice; but with acting overlapped
+with learning, acting needs a core of its own, and whole Atari and MinAtar runs were
+faster with one (docs/performance.md), so those files set one too (not yet
+gin/rainbow_atari.gin, whose runs were not measured with it).
 """
 
 from __future__ import annotations
