@@ -75,8 +75,10 @@ def main() -> None:
           f'{sum(per_step[label].values()):.0f} us of op time', flush=True)
   base = args.agents[0]
   ops = set().union(*per_step.values())
-  order = sorted(ops, key=lambda op: -max(abs(per_step[a].get(op, 0.0) - per_step[base].get(op, 0.0))
-                                          for a in args.agents))
+  # Largest differences from the first agent first; with one agent, its largest ops.
+  order = sorted(ops, key=lambda op: (
+      -max(abs(per_step[a].get(op, 0.0) - per_step[base].get(op, 0.0)) for a in args.agents),
+      -per_step[base].get(op, 0.0)))
   print('| op type | ' + ' | '.join(f'{a} us/step' for a in args.agents) + ' |')
   print('|---|' + '---|' * len(args.agents))
   for op in order[:args.top]:

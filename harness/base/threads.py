@@ -6,10 +6,10 @@ more than it saves: a MountainCar gradient step (batch 128, with Reverb
 sampling) took 2.39 to 2.54 ms with one intra-op thread against 2.73 to 3.85 ms
 with two, three runs each alternating (`docs/performance.md`). Atari's conv
 layers gain from two in a gradient step alone (27 against 37 ms per Nature-CNN step,
-STACK-FACTS), so the default leaves TensorFlow's choice; but with acting overlapped
-with learning, acting needs a core of its own, and whole Atari and MinAtar runs were
-faster with one (docs/performance.md), so those files set one too (not yet
-gin/rainbow_atari.gin, whose runs were not measured with it).
+STACK-FACTS), so the default leaves TensorFlow's choice. With acting overlapped with
+learning, whole MinAtar runs were faster with one (gin/ddqn_minatar.gin sets it), and
+so were whole Breakout and Pong runs, but there two of three soaks grew a step after
+the table filled, so gin/ddqn_atari.gin keeps the default (docs/performance.md).
 """
 
 from __future__ import annotations
