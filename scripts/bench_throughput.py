@@ -31,6 +31,12 @@ each agent in float32 and in bfloat16 (`make_agent.compute_dtype`), each bfloat1
 row against its float32 row. --compare_optimizers does it for each agent with
 Keras' own Adam (the reference) and with the FusedAdam that make_agent builds
 (the same update in one op per variable; harness/rl/agents/optimizers.py).
+
+The build order biases these comparisons: on CartPole a variant built later ran
+2-5 % faster than the same variant built earlier in the same process (C51 against
+its own older code, both orders, docs/benchmarks.md "The DQN family"). With
+--build_reversed the variants are built in reverse order (timed and printed in the
+given order); quote a ratio from runs in both orders.
 """
 
 import argparse
@@ -102,7 +108,8 @@ def harness(steps: int, out_dir: str, gin_file: str, name: str = 'harness',
 KERAS_ADAM = 'keras Adam'
 
 
-def build_trainers(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]]):
+def build_trainers(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]],
+                   reverse: bool = False):
   """Each variant's compiled train call, built as harness-train builds it, its Reverb
   table filled by random steps and the call traced once. A variant whose label
   ends in KERAS_ADAM gets Keras' own Adam where make_agent builds FusedAdam.
@@ -118,7 +125,7 @@ def build_trainers(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[
   from harness.rl.agents import optimizers  # pylint: disable=g-import-not-at-top
   fused_adam = optimizers.FusedAdam
   trainers = {}
-  for label, (_, extra) in variants.items():
+  for label, (_, extra) in reversed(variants.items()) if reverse else variants.items():
     # The reference of --compare_optimizers: make_agent looks the class up when it builds.
     optimizers.FusedAdam = (_keras_adam() if label.endswith(KERAS_ADAM) else fused_adam)
     gin.clear_config()
@@ -145,7 +152,7 @@ def build_trainers(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[
     trainer()  # the one trace
     trainers[label] = (trainer, server, parts.built.name, cfg)
   optimizers.FusedAdam = fused_adam
-  return trainers
+  return {label: trainers[label] for label in variants}
 
 
 def _keras_adam():
@@ -154,13 +161,13 @@ def _keras_adam():
 
 
 def compare(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]], rounds: int,
-            calls: int) -> None:
+            calls: int, reverse: bool = False) -> None:
   """Median ms per gradient step of each variant, alternating in one process.
 
   `variants`: label -> (the label it is compared with, its extra bindings).
   """
   import statistics  # pylint: disable=g-import-not-at-top
-  trainers = build_trainers(gin_file, bindings, variants)
+  trainers = build_trainers(gin_file, bindings, variants, reverse)
   times = {label: [] for label in variants}
   for _ in range(rounds):
     for label, (trainer, _, _, _) in trainers.items():
@@ -169,8 +176,9 @@ def compare(gin_file: str, bindings, variants: Dict[str, Tuple[str, List[str]]],
         trainer()
       times[label].append((time.perf_counter() - start) / (calls * trainer.steps_per_call) * 1e3)
   cfg = next(iter(trainers.values()))[3]
-  print(f'| variant ({os.path.basename(gin_file)}, batch {cfg.batch_size}) | ms per gradient step '
-        f'(median of {rounds}) | ratio | against |')
+  order = 'built in reverse order' if reverse else 'built in this order'
+  print(f'| variant ({os.path.basename(gin_file)}, batch {cfg.batch_size}; {order}) | ms per '
+        f'gradient step (median of {rounds}) | ratio | against |')
   print('|---|---|---|---|')
   for label, (base, _) in variants.items():
     median = statistics.median(times[label])
@@ -199,13 +207,16 @@ def main() -> None:
   parser.add_argument('--agents', nargs='*', default=['ddqn', 'c51', 'qrdqn', 'rainbow'])
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--calls', type=int, default=4, help='compiled train calls per reading')
+  parser.add_argument('--build_reversed', action='store_true',
+                      help='build the compared variants in reverse order (the order biases them)')
   args = parser.parse_args()
   if args.compare_optimizers:
     variants = {}
     for agent in args.agents:
       variants[f'{agent} {KERAS_ADAM}'] = (f'{agent} {KERAS_ADAM}', [f"make_agent.agent='{agent}'"])
       variants[f'{agent} FusedAdam'] = (f'{agent} {KERAS_ADAM}', [f"make_agent.agent='{agent}'"])
-    compare(args.gin_file, args.gin_bindings, variants, args.rounds, args.calls)
+    compare(args.gin_file, args.gin_bindings, variants, args.rounds, args.calls,
+            args.build_reversed)
     return
   if args.compare_agents or args.compare_dtypes:
     dtypes = ('float32', 'bfloat16') if args.compare_dtypes else (None,)
@@ -216,7 +227,8 @@ def main() -> None:
         label = f'{agent} {dtype}' if dtype else agent
         variants[label] = (base, [f"make_agent.agent='{agent}'"] +
                            ([f"make_agent.compute_dtype='{dtype}'"] if dtype else []))
-    compare(args.gin_file, args.gin_bindings, variants, args.rounds, args.calls)
+    compare(args.gin_file, args.gin_bindings, variants, args.rounds, args.calls,
+            args.build_reversed)
     return
   os.makedirs(args.out_dir, exist_ok=True)
   if args.compare_prioritized:
