@@ -295,6 +295,22 @@ def test_an_unchanged_point_keeps_its_interval_and_one_run_is_its_own():
   assert first[1] < first[0] < first[2]
 
 
+def test_an_interval_depends_on_its_seed_not_on_numpys_global_generator():
+  """rliable's StratifiedBootstrap draws from np.random, not its random_state:
+  the same runs gave another interval after anything else had drawn."""
+  import numpy as np
+  values = (8.90, 11.70, 7.35, 13.05, 13.70)
+  curve = np.array([[1.0, 4.0], [2.0, 9.0], [5.0, 3.0], [7.0, 8.0], [3.0, 6.0]])
+  points, curves = set(), set()
+  for global_seed in range(4):
+    np.random.seed(global_seed)
+    points.add(aggregate._bootstrap_iqm_ci.__wrapped__(values, 200, 0))
+    curves.add(tuple(np.concatenate(aggregate.iqm_curve(curve, reps=200)).round(9)))
+  assert len(points) == 1 and len(curves) == 1
+  iqm, low, high = points.pop()
+  assert low < iqm < high
+
+
 def test_summary_rows_use_done_trials_only():
   rows = [{'status': 'done', 'final_return': '100', 'best_policy_return': '200'},
           {'status': 'done', 'final_return': '300', 'best_policy_return': '400'},

@@ -1,23 +1,19 @@
 """Statistics and files of a sweep: trials.csv, summary.csv, summary.png.
 
 IQM (interquartile mean) across seeds with 95% stratified bootstrap confidence
-intervals, computed by rliable (`rliable.library.get_interval_estimates` with
-`rliable.metrics.aggregate_iqm`), as Agarwal et al. (2021) recommend for few
-runs. Reads run directories (eval.csv, results.json) only: no TensorFlow, no Ray.
+intervals (percentile), computed by rliable's `StratifiedBootstrap` with its
+resamples drawn from a seed of their own, and rliable's `metrics.aggregate_iqm`
+cut, as Agarwal et al. (2021) recommend for few runs. Reads run directories (eval.csv, results.json) only: no TensorFlow, no Ray.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import functools
 import io
-import logging as std_logging
 import math
 import os
-import threading
-import warnings
-from typing import Any, Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,33 +38,35 @@ BOOTSTRAP_REPS = 2000
 CONFIDENCE = 0.95
 
 
-class _WithoutRliableLines(std_logging.Filter):
-  """Drops rliable's own log line (`Calculating estimates for ...`, absl INFO, one
-  per estimate)."""
+@functools.lru_cache(maxsize=1)
+def _seeded_stratified_bootstrap() -> type:
+  """rliable's StratifiedBootstrap, drawing its resamples from its own seed.
 
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    return f'{os.sep}rliable{os.sep}' not in record.pathname
+  Ours because rliable 1.x's `StratifiedBootstrap.update_indices` draws from
+  numpy's global `np.random`, not from the `random_state` it is given: the
+  intervals then depended on whatever had drawn from the global generator
+  before (a previous bootstrap, the import order under PYTHONHASHSEED) and
+  moved by a resample quantile from one process to the next. The subclass
+  draws from arch's generator, seeded per bootstrap; everything else is
+  rliable's (runs resampled within each task and step).
+  """
+  from rliable import library as rly  # pylint: disable=g-import-not-at-top
+
+  class SeededStratifiedBootstrap(rly.StratifiedBootstrap):
+
+    def update_indices(self) -> Tuple[np.ndarray, ...]:
+      runs = self.generator.integers(self._num_items, size=self._args_shape)
+      return (runs, *self._strata_indices)
+
+  return SeededStratifiedBootstrap
 
 
-# The sweep bootstraps on threads of its own (summary.csv, summary.png) while
-# its main thread logs progress lines, so nothing here swaps process-wide state
-# for the duration of a bootstrap (an absl verbosity swapped to WARNING dropped
-# a trial's progress line); the bootstraps take turns under the lock because
-# `warnings.catch_warnings` is process-wide too.
-_BOOTSTRAP_LOCK = threading.Lock()
-_LOG_FILTER = _WithoutRliableLines()
-
-
-@contextlib.contextmanager
-def _quiet_rliable() -> Iterator[None]:
-  """No rliable log lines, and no arch warning about `random_state`."""
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  absl_logger = logging.get_absl_logger()
-  if _LOG_FILTER not in absl_logger.filters:
-    absl_logger.addFilter(_LOG_FILTER)
-  with _BOOTSTRAP_LOCK, warnings.catch_warnings():
-    warnings.simplefilter('ignore')
-    yield
+def _percentile_interval(data: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray],
+                         reps: int, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+  """(statistic of `data`, its 2 x ... percentile interval), runs on axis 0."""
+  bootstrap = _seeded_stratified_bootstrap()(data, seed=seed)
+  interval = bootstrap.conf_int(statistic, reps=reps, size=CONFIDENCE, method='percentile')
+  return statistic(data), interval
 
 
 def iqm(scores: np.ndarray, axis: Optional[int] = None) -> np.ndarray:
@@ -104,29 +102,21 @@ def iqm_ci(scores: Sequence[float], reps: int = BOOTSTRAP_REPS,
 @functools.lru_cache(maxsize=4096)
 def _bootstrap_iqm_ci(values: Tuple[float, ...], reps: int,
                       seed: int) -> Tuple[float, float, float]:
-  from rliable import library as rly  # pylint: disable=g-import-not-at-top
-  with _quiet_rliable():
-    point, interval = rly.get_interval_estimates(
-        {'x': np.asarray(values).reshape(-1, 1)}, lambda s: np.array([iqm(s.ravel())]),
-        reps=reps, confidence_interval_size=CONFIDENCE,
-        random_state=np.random.RandomState(seed))
-  return float(point['x'][0]), float(interval['x'][0, 0]), float(interval['x'][1, 0])
+  point, interval = _percentile_interval(
+      np.asarray(values).reshape(-1, 1), lambda s: np.array([iqm(s.ravel())]), reps, seed)
+  return float(point[0]), float(interval[0, 0]), float(interval[1, 0])
 
 
 def iqm_curve(scores: np.ndarray, reps: int = BOOTSTRAP_REPS,
               seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
   """IQM and CI at each column of `scores` (runs x steps), in one bootstrap."""
-  from rliable import library as rly  # pylint: disable=g-import-not-at-top
   data = scores[:, None, :]  # runs x tasks (1) x steps
 
   def per_step(s: np.ndarray) -> np.ndarray:
     return iqm(s.reshape(-1, s.shape[-1]), axis=0)
 
-  with _quiet_rliable():
-    point, interval = rly.get_interval_estimates(
-        {'x': data}, per_step, reps=reps, confidence_interval_size=CONFIDENCE,
-        random_state=np.random.RandomState(seed))
-  return point['x'], interval['x'][0], interval['x'][1]
+  point, interval = _percentile_interval(data, per_step, reps, seed)
+  return point, interval[0], interval[1]
 
 
 # --- trials.csv -----------------------------------------------------------------------
