@@ -3,7 +3,8 @@
 IQM (interquartile mean) across seeds with 95% stratified bootstrap confidence
 intervals (percentile), computed by rliable's `StratifiedBootstrap` with its
 resamples drawn from a seed of their own, and rliable's `metrics.aggregate_iqm`
-cut, as Agarwal et al. (2021) recommend for few runs. Reads run directories (eval.csv, results.json) only: no TensorFlow, no Ray.
+cut, as Agarwal et al. (2021) recommend for few runs. Reads run directories
+(eval.csv, results.json) only: no TensorFlow, no Ray.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def _seeded_stratified_bootstrap() -> type:
   before (a previous bootstrap, the import order under PYTHONHASHSEED) and
   moved by a resample quantile from one process to the next. The subclass
   draws from arch's generator, seeded per bootstrap; everything else is
-  rliable's (runs resampled within each task and step).
+  rliable's (runs resampled within each task and step). It reads the parent's
+  `_num_items`, `_args_shape` and `_strata_indices`: setup.cfg pins rliable.
   """
   from rliable import library as rly  # pylint: disable=g-import-not-at-top
 
