@@ -309,6 +309,8 @@ def test_an_interval_depends_on_its_seed_not_on_numpys_global_generator():
   assert len(points) == 1 and len(curves) == 1
   iqm, low, high = points.pop()
   assert low < iqm < high
+  # ... and the seed it is given does choose the resamples.
+  assert aggregate._bootstrap_iqm_ci.__wrapped__(values, 200, 1) != (iqm, low, high)
 
 
 def test_summary_rows_use_done_trials_only():
@@ -324,7 +326,7 @@ def test_summary_rows_use_done_trials_only():
 
 def test_a_bootstrap_leaves_other_threads_log_lines_alone(monkeypatch):
   """The sweep's progress lines are logged while summaries bootstrap on another
-  thread: a bootstrap drops rliable's own line and no one else's."""
+  thread: a bootstrap logs no line of rliable's and drops no one else's."""
   import logging as std_logging
   from absl import logging
   seen = []
