@@ -39,7 +39,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = ('shipped', 'frozen_env_steps')
 
 
-
 def _parse_args(argv: List[str]) -> argparse.Namespace:
   # argparse, not absl flags: the child runs harness-train's absl app in this
   # process, whose flags (--gin_file, --root_dir, ...) would collide with ours.
@@ -108,6 +107,10 @@ def _train_with_timed_calls(setting: str, root_dir: str, decay_frames: int,
 
 
 def _learning_phase_rate(root_dir: str, initial: int) -> float:
+  """Frames/s from the first metrics.csv row at or past the initial collect to
+  the last, as scripts/bench_minatar_vs_sb3.sh reads it (not bench_overlap's
+  `_rate`: importing that script defines absl flags that collide with
+  harness-train's in the child)."""
   rows = [row for row in csv.DictReader(open(os.path.join(root_dir, 'metrics.csv')))
           if int(row['env_steps']) >= initial]
   first, last = rows[0], rows[-1]
@@ -115,17 +118,22 @@ def _learning_phase_rate(root_dir: str, initial: int) -> float:
           / (float(last['wall_time']) - float(first['wall_time'])))
 
 
-def main(argv: List[str]) -> None:
-  args = _parse_args(argv)
-  train_argv = [f'--gin_file={args.gin_file}'] + [
+def _train_argv(args: argparse.Namespace) -> List[str]:
+  """harness-train's flags for one run (less --root_dir)."""
+  return [f'--gin_file={args.gin_file}'] + [
       f'--gin_bindings={b}' for b in args.gin_bindings + [
           f'train_eval.num_env_steps={args.frames}',
           f'train_eval.initial_collect_steps={args.initial_collect_steps}',
           f'make_agent.epsilon_decay_steps={args.decay_frames}',
           'train_eval.eval_interval=100000000', 'train_eval.checkpoint_interval=100000000',
           'train_eval.log_interval=5000']]
+
+
+def main(argv: List[str]) -> None:
+  args = _parse_args(argv)
   if args.run_setting:
-    _train_with_timed_calls(args.run_setting, args.run_root, args.decay_frames, train_argv)
+    _train_with_timed_calls(args.run_setting, args.run_root, args.decay_frames,
+                            _train_argv(args))
     return
   rates = collections.defaultdict(list)
   scratch = tempfile.mkdtemp(prefix='host_calls_')
