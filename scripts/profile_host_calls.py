@@ -111,8 +111,8 @@ def _learning_phase_rate(root_dir: str, initial: int) -> float:
   the last, as scripts/bench_minatar_vs_sb3.sh reads it (not bench_overlap's
   `_rate`: importing that script defines absl flags that collide with
   harness-train's in the child)."""
-  rows = [row for row in csv.DictReader(open(os.path.join(root_dir, 'metrics.csv')))
-          if int(row['env_steps']) >= initial]
+  with open(os.path.join(root_dir, 'metrics.csv')) as f:
+    rows = [row for row in csv.DictReader(f) if int(row['env_steps']) >= initial]
   first, last = rows[0], rows[-1]
   return ((int(last['env_steps']) - int(first['env_steps']))
           / (float(last['wall_time']) - float(first['wall_time'])))
