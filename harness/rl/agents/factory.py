@@ -283,9 +283,10 @@ def make_agent(time_step_spec: ts.TimeStep,
       here is about the paper's 0.01 outside it).
     rmsprop_rho, rmsprop_epsilon: RMSProp's decay of the squared-gradient mean,
       and its epsilon.
-    rmsprop_momentum: RMSProp's momentum (0: none). The MinAtar paper's
-      examples/dqn.py trains with 0.95, which makes its steps about 1 / (1 - 0.95)
-      = 20 times larger once the momentum has built up.
+    rmsprop_momentum: RMSProp's momentum (0: none, as the MinAtar paper's
+      examples/dqn.py trains: it defines a GRAD_MOMENTUM of 0.95 that it never
+      passes to the optimizer). 0.95 makes the steps about 1 / (1 - 0.95) = 20
+      times larger once the momentum has built up.
     learning_rate_final, learning_rate_decay_steps: the learning rate decays
       linearly from `learning_rate` to `learning_rate_final` over that many env
       steps (None or 0: constant).
