@@ -11,7 +11,8 @@ generators and the environment are seeded (dqn.py seeds nothing), and its own
 `dqn()` trains. Its results file holds every training episode's return; this
 script prints one JSON line with results.json's protocol field,
 `train_return_last100` (the mean return of the last 100 training episodes at
-the end of the budget), beside the frames per second of the whole run.
+the end of the budget, and at each quarter of it), beside the frames per second
+of the whole run.
 
 dqn.py's settings, which this script does not touch: one gradient step per
 frame, batch 32, centred RMSProp (step size 2.5e-4, squared-gradient decay
@@ -75,11 +76,21 @@ def main() -> None:
   dqn.dqn(env, False, False, prefix)
   wall = time.time() - start
 
-  returns = torch.load(prefix + '_data_and_weights')['returns']
+  # dqn() returns nothing: its results file is the only record of the episodes.
+  results = torch.load(prefix + '_data_and_weights')
+  returns = np.asarray(results['returns'])
+  ends = np.asarray(results['frame_stamps'])  # the frame at which each episode ended
+
+  def last100_at(frame: int) -> float:
+    return round(float(np.mean(returns[ends <= frame][-100:])), 2)
+
   print(json.dumps({
       'system': 'minatar_examples_dqn', 'game': args.game, 'seed': args.seed,
       'env_steps': args.frames, 'episodes': len(returns),
-      'train_return_last100': round(float(np.mean(returns[-100:])), 2),
+      'train_return_last100': last100_at(args.frames),
+      # The same statistic at each quarter of the budget, as compare_cadence.py's columns.
+      'train_return_last100_at': {q * args.frames // 4: last100_at(q * args.frames // 4)
+                                  for q in (1, 2, 3)},
       'wall_seconds': round(wall, 1), 'env_steps_per_sec': round(args.frames / wall, 1)}))
 
 
