@@ -49,6 +49,10 @@ def main() -> None:
   parser.add_argument('--game', required=True, choices=GAMES)
   parser.add_argument('--frames', type=int, default=1_000_000)
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--step_size', type=float, default=None,
+                      help="dqn()'s own step_size argument (its --alpha flag); default: "
+                      "dqn.py's STEP_SIZE, 2.5e-4. The README's curves look drawn at each "
+                      "game's best step size of the paper's sweep (docs/benchmarks.md)")
   parser.add_argument('--out', required=True, help='folder for dqn.py\'s results file')
   args = parser.parse_args()
   if not os.path.isfile(args.dqn_py):
@@ -71,9 +75,11 @@ def main() -> None:
   env.seed(args.seed)
 
   os.makedirs(args.out, exist_ok=True)
-  prefix = os.path.join(args.out, f'{args.game}-{args.frames}-{args.seed}')
+  step_size = dqn.STEP_SIZE if args.step_size is None else args.step_size
+  tag = '' if args.step_size is None else f'-alpha{args.step_size:g}'
+  prefix = os.path.join(args.out, f'{args.game}-{args.frames}{tag}-{args.seed}')
   start = time.time()
-  dqn.dqn(env, False, False, prefix)
+  dqn.dqn(env, False, False, prefix, step_size=step_size)
   wall = time.time() - start
 
   # dqn() returns nothing: its results file is the only record of the episodes.
@@ -86,6 +92,7 @@ def main() -> None:
 
   print(json.dumps({
       'system': 'minatar_examples_dqn', 'game': args.game, 'seed': args.seed,
+      'step_size': step_size,
       'env_steps': args.frames, 'episodes': len(returns),
       'train_return_last100': last100_at(args.frames),
       # The same statistic at each quarter of the budget, as compare_cadence.py's columns.
