@@ -106,8 +106,11 @@ def main() -> None:
         + ', '.join(str(s) for s in LOG2_STEP_SIZES) + ' |')
   print('|---|---|---|')
   for game, (curve_box, curve_y, sweep_box, sweep_y, sweep_x) in PANELS.items():
-    curve = Panel(images['learning_curves'], curve_box, curve_y, range(6))
-    sweep = Panel(images['sensitivity_curves'], sweep_box, sweep_y, sweep_x)
+    try:
+      curve = Panel(images['learning_curves'], curve_box, curve_y, range(6))
+      sweep = Panel(images['sensitivity_curves'], sweep_box, sweep_y, sweep_x)
+    except ValueError as error:
+      parser.error(f'{game}: {error}')
     along = ' / '.join(f'{curve.dqn_at(f):.1f}' for f in FRAMES_M)
     by_step = ', '.join('-' if np.isnan(v) else f'{v:.1f}'
                         for v in (sweep.dqn_at(s) for s in LOG2_STEP_SIZES))
