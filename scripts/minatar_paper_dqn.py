@@ -17,9 +17,9 @@ of the whole run.
 dqn.py's settings, which this script does not touch: one gradient step per
 frame, batch 32, centred RMSProp (step size 2.5e-4 unless `--step_size`
 passes another to dqn()'s own `step_size` argument, as dqn.py's `--alpha`
-does; squared-gradient decay 0.95, epsilon 0.01 outside the square root, no momentum: the GRAD_MOMENTUM
-constant was never passed to the optimizer and was deleted upstream in
-December 2024), replay 100,000, 5,000 random frames, target copy every 1,000
+does; squared-gradient decay 0.95, epsilon 0.01 outside the square root, no
+momentum: the GRAD_MOMENTUM constant was never passed to the optimizer and
+was deleted upstream in December 2024), replay 100,000, 5,000 random frames, target copy every 1,000
 updates, epsilon 1.0 -> 0.1 over the 100,000 frames after the random ones,
 a plain DQN target, sticky actions 0.1 and difficulty ramping (minatar's
 defaults), all six actions.

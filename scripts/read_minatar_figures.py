@@ -49,13 +49,9 @@ PANELS = {
 
 def _runs(indices: Sequence[int]) -> List[float]:
   """Centres of runs of consecutive indices."""
-  runs: List[List[int]] = []
-  for i in indices:
-    if runs and i - runs[-1][-1] <= 1:
-      runs[-1].append(i)
-    else:
-      runs.append([i])
-  return [float(np.mean(r)) for r in runs]
+  if not len(indices):
+    return []
+  return [float(np.mean(r)) for r in np.split(indices, np.nonzero(np.diff(indices) > 1)[0] + 1)]
 
 
 class Panel:
@@ -64,8 +60,8 @@ class Panel:
   def __init__(self, image: np.ndarray, box: Tuple[int, int, int, int],
                y_labels: Sequence[float], x_labels: Sequence[float]):
     left, top, right, bottom = box
-    self.pixels = image[top:bottom, left:right]
-    dark = self.pixels.sum(axis=2) < 200
+    pixels = image[top:bottom, left:right]
+    dark = pixels.sum(axis=2) < 200
     height, width = dark.shape
     frame_rows = [y for y in range(height) if dark[y].sum() > 0.6 * width]
     frame_cols = [x for x in range(width) if dark[:, x].sum() > 0.6 * height]
@@ -79,7 +75,7 @@ class Panel:
                        'these boxes were read from')
     self._y = np.polyfit(y_ticks, y_labels, 1)  # value = a * row + b
     self._x = np.polyfit(x_labels, x_ticks, 1)  # column = a * value + b
-    self._line = np.abs(self.pixels - DQN_RGB).sum(axis=2) < COLOUR_TOLERANCE
+    self._line = np.abs(pixels - DQN_RGB).sum(axis=2) < COLOUR_TOLERANCE
 
   def dqn_at(self, x_value: float) -> float:
     """The DQN line's value at `x_value` (median of its rows within 2 px), NaN if absent."""
